@@ -1,0 +1,114 @@
+"""Model configuration and presets (Vaswani et al., 2017, section 3 and Table 3).
+
+Shape letters used throughout the project:
+    B batch, S source length, T target length, D d_model, H n_heads,
+    K d_k, C d_v, F d_ff, V vocab_size, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+DTYPES = ("bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Hyper-parameters of the encoder-decoder Transformer.
+
+    Field names follow the paper. ``norm_first=False`` is the paper's post-LN
+    block ``LayerNorm(x + Sublayer(x))`` (section 3.1, 5.4); ``True`` is the
+    pre-LN variant ``x + Sublayer(LayerNorm(x))`` with a final LayerNorm on each
+    stack. ``dtype`` is the dtype of activations between sublayers and
+    ``param_dtype`` the dtype parameters are stored in; see ``spec.numerics``.
+
+    Raises:
+        ValueError: naming the field and the rule broken, from ``__post_init__``.
+    """
+
+    vocab_size: int
+    d_model: int
+    n_heads: int
+    d_k: int
+    d_v: int
+    d_ff: int
+    n_encoder_layers: int
+    n_decoder_layers: int
+    max_len: int
+    dropout: float
+    layer_norm_eps: float = 1e-6
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    norm_first: bool = False
+    dtype: str = "bfloat16"
+    param_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "d_model", "n_heads", "d_k", "d_v", "d_ff", "max_len")
+        for name in positive:
+            _require(name, _is_int(getattr(self, name)) and getattr(self, name) > 0, "must be a positive int")
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            _require(name, _is_int(getattr(self, name)) and getattr(self, name) >= 1, "must be an int >= 1")
+        _require("d_model", self.d_model % 2 == 0, "must be even (sinusoidal encoding pairs sin and cos)")
+        _require("dropout", isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0, "must lie in [0, 1)")
+        _require("layer_norm_eps", isinstance(self.layer_norm_eps, float) and self.layer_norm_eps > 0.0,
+                 "must be a positive float")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            _require(name, _is_int(value) and 0 <= value < self.vocab_size, f"must be an int in [0, vocab_size={self.vocab_size})")
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        _require("pad_id", len(set(ids.values())) == 3, f"pad_id, bos_id and eos_id must differ, got {ids}")
+        _require("norm_first", isinstance(self.norm_first, bool), "must be a bool")
+        for name in ("dtype", "param_dtype"):
+            _require(name, getattr(self, name) in DTYPES, f"must be one of {DTYPES}, got {getattr(self, name)!r}")
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with ``changes`` applied and validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Config:
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"Config: unknown fields {unknown}")
+        return cls(**d)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _require(field: str, ok: bool, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"Config.{field} {rule}")
+
+
+# Paper Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, d_k=d_v=64, P_drop=0.1.
+# Vocabulary: the shared 37000-token BPE vocabulary of WMT 2014 En-De (section 5.1).
+BASE = Config(vocab_size=37000, d_model=512, n_heads=8, d_k=64, d_v=64, d_ff=2048,
+              n_encoder_layers=6, n_decoder_layers=6, max_len=512, dropout=0.1)
+# Paper Table 3, "big": d_model=1024, d_ff=4096, h=16, P_drop=0.3.
+BIG = BASE.replace(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
+# For tests: every dimension distinct where the paper's are equal (d_k != d_v,
+# S != T in the cases) so a transposed axis cannot pass by accident; d_k = 16
+# keeps 1/sqrt(d_k) a power of two, like the paper's 64.
+TINY = Config(vocab_size=61, d_model=32, n_heads=4, d_k=16, d_v=8, d_ff=48,
+              n_encoder_layers=2, n_decoder_layers=2, max_len=64, dropout=0.1)
+
+PRESETS: dict[str, Config] = {"base": BASE, "big": BIG, "tiny": TINY}
+
+
+def preset(name: str, **changes: Any) -> Config:
+    """The preset ``name`` ("base", "big" or "tiny") with optional ``changes``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**changes)

@@ -1,0 +1,131 @@
+"""Tolerance policy: how far a backend may be from the float64 ("exact") result.
+
+Errors are measured against the exact result, never against another backend,
+in units of the dtype's epsilon times the tensor's scale:
+
+    err_eps = |actual - exact| / (EPS[dtype] * rms(exact))
+
+so one unit is about one rounding of a typical element. For each checked
+tensor the golden file stores the bf16- (or fp32-) faithful reference's own
+error against exact: the error of an *ideal* implementation of the contract,
+one that rounds only where ``spec.numerics`` says. A backend passes when
+
+    max err_eps  <= max(MAX_RATIO * faithful max err_eps, FLOOR_EPS)
+    rms err_eps  <= RMS_RATIO * faithful rms err_eps        (bf16 only)
+
+Why these numbers (per dtype):
+
+bfloat16. A backend that follows the contract differs from the ideal only in
+the order of its fp32 accumulations and in its fp32 exp/sqrt. Those errors
+are ~2^16 times smaller than a bf16 rounding, so they change the rounded bf16
+result only where the exact value lies within ~2^-16 ulp of a rounding
+boundary; when they do, the changed element is off by one bf16 ulp and the
+flip propagates through later layers like any other rounding error. Its RMS
+error therefore matches the ideal's within sampling noise: RMS_RATIO = 1.5
+leaves room for that noise on tensors of a few hundred elements while a
+backend that rounds once more per sublayer than the contract allows (bf16
+scores, bf16 accumulation, a bf16 residual before LayerNorm's fp32 statistics)
+shows up as a larger RMS error. The maximum over a tensor is dominated by a
+few propagated flips: MAX_RATIO = 4. FLOOR_EPS = 1 covers tensors whose ideal
+error is near zero (a single rounding), where a flip costs one ulp.
+
+float32. The ideal rounds once per contract point; a real fp32 backend rounds
+at every addition of its reductions (error up to ~log2(n) roundings for a
+blocked sum of n <= 4096 terms, ~12) and in its transcendental functions.
+MAX_RATIO = 16 with FLOOR_EPS = 8. No RMS criterion: an fp32 backend's error is
+not made of the same roundings as the ideal's.
+
+Positional encoding alone is the exception: a backend may compute
+``sin(pos * w)`` in fp32, whose argument carries an absolute error up to
+~2 * EPS32 * pos; the sine is 1-Lipschitz. ``PE_ABS_PER_POSITION`` bounds it:
+|PE - exact| <= 4 * EPS32 * max_position + EPS32. (Added to E*sqrt(D), whose bf16
+ulp is ~2^-5, this error is invisible in bf16.)
+
+Decisions (argmax, beam cuts) are compared exactly, only where the golden
+case's recorded margin (``spec.search``) exceeds ``DECISION_MARGIN_FACTOR``
+times the logits tolerance: two backends each within tolerance of exact
+cannot order two scores differently when their exact gap exceeds twice the
+tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from spec.numerics import EPS
+
+MAX_RATIO = {"bfloat16": 4.0, "float32": 16.0}
+RMS_RATIO = {"bfloat16": 1.5, "float32": None}
+FLOOR_EPS = {"bfloat16": 1.0, "float32": 8.0}
+PE_ABS_PER_POSITION = 4 * EPS["float32"]
+DECISION_MARGIN_FACTOR = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorStats:
+    """Error of ``actual`` against ``exact`` for one tensor."""
+    max_abs: float
+    max_eps: float    # max |a - x| / (eps * rms(x))
+    rms_eps: float    # rms(a - x) / (eps * rms(x))
+    scale: float      # rms(x)
+    unit: str         # the dtype whose eps is the unit
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def error_stats(actual: np.ndarray, exact: np.ndarray, dtype: str) -> ErrorStats:
+    """Error of ``actual`` against ``exact`` in units of ``EPS[dtype] * rms(exact)``."""
+    a = np.asarray(actual, np.float64)
+    x = np.asarray(exact, np.float64)
+    if a.shape != x.shape:
+        raise ValueError(f"shape {a.shape} differs from expected {x.shape}")
+    d = np.abs(a - x)
+    d = np.where(np.isnan(d), np.inf, d)
+    scale = float(np.sqrt(np.mean(x * x))) or 1.0
+    unit = EPS[dtype] * scale
+    return ErrorStats(float(d.max()), float(d.max() / unit), float(np.sqrt(np.mean(d * d)) / unit), scale, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    stats: ErrorStats
+    max_eps_allowed: float
+    rms_eps_allowed: float | None
+    ratio: float  # backend max err / faithful max err; 1.0 for the faithful reference itself
+
+    def reason(self) -> str:
+        s = self.stats
+        msg = f"max err {s.max_eps:.3g} eps (allowed {self.max_eps_allowed:.3g})"
+        if self.rms_eps_allowed is not None:
+            msg += f", rms err {s.rms_eps:.3g} eps (allowed {self.rms_eps_allowed:.3g})"
+        return msg
+
+
+def judge(actual: np.ndarray, exact: np.ndarray, faithful: ErrorStats) -> Verdict:
+    """Apply the policy to one tensor. ``faithful`` is the ideal's error (from the golden file),
+    in the unit (dtype eps) the tensor is judged in."""
+    dtype = faithful.unit
+    stats = error_stats(actual, exact, dtype)
+    max_allowed = max(MAX_RATIO[dtype] * faithful.max_eps, FLOOR_EPS[dtype])
+    rms_allowed = None if RMS_RATIO[dtype] is None else max(RMS_RATIO[dtype] * faithful.rms_eps, FLOOR_EPS[dtype])
+    ok = stats.max_eps <= max_allowed and (rms_allowed is None or stats.rms_eps <= rms_allowed)
+    ratio = stats.max_eps / faithful.max_eps if faithful.max_eps > 0 else (0.0 if stats.max_eps == 0 else np.inf)
+    return Verdict(bool(ok), stats, max_allowed, rms_allowed, float(ratio))
+
+
+def judge_positional_encoding(actual: np.ndarray, exact: np.ndarray) -> Verdict:
+    """The PE table's absolute bound (module docstring)."""
+    stats = error_stats(actual, exact, "float32")
+    bound = PE_ABS_PER_POSITION * (exact.shape[0] - 1) + EPS["float32"]
+    allowed_eps = bound / (EPS["float32"] * stats.scale)
+    return Verdict(stats.max_abs <= bound, stats, allowed_eps, None, stats.max_abs / bound)
+
+
+def logits_tolerance_abs(faithful: ErrorStats) -> float:
+    """The largest absolute logit error ``judge`` admits, given the ideal's error."""
+    u = faithful.unit
+    return max(MAX_RATIO[u] * faithful.max_eps, FLOOR_EPS[u]) * EPS[u] * faithful.scale

@@ -1,0 +1,102 @@
+"""Input checks every backend runs before any computation.
+
+Backends call these on host copies (``np.asarray``) of their inputs so the
+rules and the ``ValueError`` messages are identical everywhere. Token ids are
+small; the copy costs one transfer per call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spec.config import Config
+
+
+def check_tokens(name: str, ids: np.ndarray, c: Config, *, max_len: int | None = None) -> None:
+    """Check a (B, L) batch of token ids.
+
+    Raises:
+        ValueError: naming ``name`` if ``ids`` is not an integer array, not of
+            rank 2, has an empty batch or empty sequences, is longer than
+            ``max_len`` (default ``c.max_len``), or holds an id outside
+            ``[0, c.vocab_size)``.
+    """
+    ids = np.asarray(ids)
+    max_len = c.max_len if max_len is None else max_len
+    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{name}: token ids must be integers, got dtype {ids.dtype}")
+    if ids.ndim != 2:
+        raise ValueError(f"{name}: expected shape (batch, length), got rank {ids.ndim} shape {ids.shape}")
+    if ids.shape[0] == 0:
+        raise ValueError(f"{name}: batch is empty, shape {ids.shape}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name}: sequences are empty, shape {ids.shape}")
+    if ids.shape[1] > max_len:
+        raise ValueError(f"{name}: length {ids.shape[1]} exceeds max_len {max_len}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= c.vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name}: token id {bad} outside [0, vocab_size={c.vocab_size})")
+
+
+def check_source(src: np.ndarray, c: Config) -> None:
+    """``check_tokens`` for ``src`` (B, S), and no sequence all padding.
+
+    Raises:
+        ValueError: as ``check_tokens``, or if a source sequence is all
+            ``pad_id`` (its encoder output would be undefined).
+    """
+    check_tokens("src", src, c)
+    all_pad = np.flatnonzero((np.asarray(src) == c.pad_id).all(axis=1))
+    if all_pad.size:
+        raise ValueError(f"src: sequence {int(all_pad[0])} is all padding (pad_id={c.pad_id})")
+
+
+def check_forward(src: np.ndarray, tgt_in: np.ndarray, c: Config) -> None:
+    """Checks for ``forward(src, tgt_in)``: both batches valid and equal in size.
+
+    Raises:
+        ValueError: as ``check_source`` and ``check_tokens``, or if the batch
+            sizes of ``src`` and ``tgt_in`` differ.
+    """
+    check_source(src, c)
+    check_tokens("tgt_in", tgt_in, c)
+    if np.shape(src)[0] != np.shape(tgt_in)[0]:
+        raise ValueError(f"src and tgt_in batch sizes differ: {np.shape(src)[0]} vs {np.shape(tgt_in)[0]}")
+
+
+def source_lengths(src: np.ndarray, c: Config) -> np.ndarray:
+    """Number of non-pad tokens per source sequence, (B,) int64."""
+    return (np.asarray(src) != c.pad_id).sum(axis=1).astype(np.int64)
+
+
+def generation_limits(src: np.ndarray, c: Config, max_new_tokens: int | None, extra: int = 50) -> np.ndarray:
+    """Per-sequence limit on generated tokens (EOS included), (B,) int64.
+
+    Default: source length (non-pad tokens) + ``extra`` (50, paper section 6.1).
+    The decoder reads positions 0..limit-1, so a limit over ``c.max_len`` is
+    an error, never silently cut.
+
+    Raises:
+        ValueError: if ``max_new_tokens`` is not a positive int, or a limit
+            exceeds ``c.max_len``.
+    """
+    if max_new_tokens is None:
+        limits = source_lengths(src, c) + extra
+    else:
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        limits = np.full(np.shape(src)[0], max_new_tokens, np.int64)
+    if limits.max() > c.max_len:
+        raise ValueError(
+            f"generation may need {int(limits.max())} target positions but max_len is {c.max_len}; "
+            f"pass max_new_tokens <= {c.max_len}")
+    return limits
+
+
+def check_beam(beam_size: int, alpha: float) -> None:
+    """Raises ValueError unless ``beam_size`` is a positive int and ``alpha`` >= 0."""
+    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0.0:
+        raise ValueError(f"alpha must be a float >= 0, got {alpha!r}")

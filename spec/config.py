@@ -58,7 +58,8 @@ class Config:
                  "must be a positive float")
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
-            _require(name, _is_int(value) and 0 <= value < self.vocab_size, f"must be an int in [0, vocab_size={self.vocab_size})")
+            _require(name, _is_int(value) and 0 <= value < self.vocab_size,
+                     f"must be an int in [0, vocab_size={self.vocab_size})")
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         _require("pad_id", len(set(ids.values())) == 3, f"pad_id, bos_id and eos_id must differ, got {ids}")
         _require("norm_first", isinstance(self.norm_first, bool), "must be a bool")

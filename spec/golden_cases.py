@@ -265,12 +265,11 @@ def _decode_case(w: _Writer, name: str, kind: str, dtype: str, src_lens: list[in
         params = make_params(c, seed, EOS_BOOST)
         src = _tokens(rng, c, src_lens, S, False)
         P = ref.as_float64(params)
-        run = (lambda nx, tr: search.greedy_search(P, src, c, nx, trace=tr)) if kind == "greedy" else \
-              (lambda nx, tr: search.beam_search(P, src, c, nx, beam_size, alpha, trace=tr))
         trace_x, trace_f = {}, {}
-        out = run(Numerics("exact"), trace_x)
+        out = _run_search(kind, P, src, c, Numerics("exact"), trace_x, beam_size, alpha)
+        again = _run_search(kind, P, src, c, Numerics(c.dtype), trace_f, beam_size, alpha)
         ends = (out == c.eos_id).any(axis=1)
-        if not np.array_equal(out, run(Numerics(c.dtype), trace_f)) or ends.all() or not ends.any() \
+        if not np.array_equal(out, again) or ends.all() or not ends.any() \
                 or out.shape[1] < 4:
             continue  # want both endings (EOS and the length limit) and more than a token or two
         # The logits tolerance on the teacher-forced forward of the output itself.
@@ -291,6 +290,13 @@ def _decode_case(w: _Writer, name: str, kind: str, dtype: str, src_lens: list[in
                        "max_new_tokens": None, "margin": margin, "logits_tolerance": tol,
                        "margin_required": tolerance.DECISION_MARGIN_FACTOR * tol}}
     w.write(name, meta, {"src": src}, {"tokens": out}, c, params, seed, EOS_BOOST)
+
+
+def _run_search(kind: str, P: ref.Params, src: np.ndarray, c: Config, nx: Numerics, trace: dict, beam_size: int,
+                alpha: float) -> np.ndarray:
+    if kind == "greedy":
+        return search.greedy_search(P, src, c, nx, trace=trace)
+    return search.beam_search(P, src, c, nx, beam_size, alpha, trace=trace)
 
 
 # ----------------------------------------------------------------- all cases
@@ -342,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         differ = check(args.out)
         for f in differ:
             print(f"differs: {f}")
-        print(f"golden check: {len(differ)} file(s) differ" if differ else "golden check: all files reproduced bit for bit")
+        print(f"golden check: {len(differ)} file(s) differ" if differ else
+              "golden check: all files reproduced bit for bit")
         return 1 if differ else 0
     shutil.rmtree(args.out, ignore_errors=True)
     generate(args.out)

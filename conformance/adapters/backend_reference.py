@@ -1,0 +1,78 @@
+"""The NumPy reference as a backend, in its contract-faithful mode (the config's dtype).
+
+It calls ``spec.reference`` and ``spec.search`` through their modules at call
+time, so the suite's mutants (``conformance.mutants``) reach it.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from spec import reference as ref
+from spec import search, validate
+from spec.config import Config
+from spec.numerics import Numerics, np_dtype
+from spec.weights_io import load_weights, save_weights
+
+
+def _float_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v if v.dtype.kind in "bi" else v.astype(np.float64) for k, v in inputs.items()}
+
+
+class ReferenceModel:
+    def __init__(self, config: Config, params: dict[str, np.ndarray]):
+        self.config = config
+        self._params = params
+        self._p = ref.as_float64(params)
+        self._nx = Numerics(config.dtype)
+
+    def _out(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(self._nx.act_dtype)
+
+    def forward(self, src, tgt_in, intermediates=False):
+        rec = {} if intermediates else None
+        logits = ref.forward(self._p, np.asarray(src), np.asarray(tgt_in), self.config, self._nx, rec)
+        inter = {k: (v.astype(np.float32) if k == "logits" else self._out(v)) for k, v in (rec or {}).items()}
+        return logits.astype(np.float32), inter
+
+    def encode(self, src):
+        validate.check_source(src, self.config)
+        return self._out(ref.encode(self._p, np.asarray(src), self.config, self._nx))
+
+    def decode_steps(self, src, tgt_in):
+        validate.check_forward(src, tgt_in, self.config)
+        src, tgt_in = np.asarray(src), np.asarray(tgt_in)
+        cache = ref.init_cache(self._p, ref.encode(self._p, src, self.config, self._nx), src, self.config, self._nx)
+        steps = [ref.decode(self._p, tgt_in[:, t:t + 1], cache, self.config, self._nx) for t in range(tgt_in.shape[1])]
+        return np.concatenate(steps, axis=1).astype(np.float32)
+
+    def greedy(self, src, max_new_tokens=None):
+        return search.greedy_search(self._p, np.asarray(src), self.config, self._nx, max_new_tokens)
+
+    def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
+        return search.beam_search(self._p, np.asarray(src), self.config, self._nx, beam_size, alpha, max_new_tokens)
+
+    def run_layer(self, layer, prefix, inputs):
+        out = ref.run_layer(layer, self._p, prefix, _float_inputs(inputs), self.config, self._nx)
+        fp32 = {"pe", "logits"}
+        return {k: v.astype(np.float32) if k in fp32 else self._out(v) for k, v in out.items()}
+
+    def save(self, path: Path) -> None:
+        save_weights(path, self.config, {k: v.astype(np_dtype(self.config.param_dtype)) for k, v in self._params.items()})
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def load(self, path: Path) -> ReferenceModel:
+        return ReferenceModel(*load_weights(path))
+
+    def describe(self) -> str:
+        return f"NumPy {np.__version__} (contract-faithful), {platform.machine()} CPU"
+
+
+def make_backend() -> ReferenceBackend:
+    return ReferenceBackend()

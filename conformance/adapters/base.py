@@ -1,0 +1,62 @@
+"""The backend adapter protocol: what the conformance suite asks of a backend.
+
+An adapter is a thin translation between NumPy and a backend's *public* API.
+Everything crosses as NumPy: token ids as int arrays (passed through as they
+are, so the backend sees a float or out-of-range id and must raise the spec's
+``ValueError`` itself), activations in the backend's own dtype (bf16 as
+``ml_dtypes.bfloat16``), logits as float32, masks as bool.
+
+A backend module (``conformance/adapters/backend_<name>.py``) defines
+``make_backend() -> Backend``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from spec.config import Config
+
+
+class Model(Protocol):
+    """A model built by a backend from one canonical weights file."""
+
+    config: Config
+
+    def forward(self, src: np.ndarray, tgt_in: np.ndarray, intermediates: bool = False
+                ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Teacher-forced forward: src (B, S), tgt_in (B, T) -> logits (B, T, V) float32, and,
+        if ``intermediates``, the tensors of ``spec.shapes.intermediates`` by name (else {})."""
+
+    def encode(self, src: np.ndarray) -> np.ndarray:
+        """src (B, S) -> memory (B, S, D)."""
+
+    def decode_steps(self, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
+        """Feed tgt_in (B, T) one token at a time through the backend's KV cache (cross-attention
+        K/V computed once); the logits of every step stacked: (B, T, V) float32."""
+
+    def greedy(self, src: np.ndarray, max_new_tokens: int | None = None) -> np.ndarray:
+        """Greedy search (``spec.search``): src (B, S) -> tokens (B, L) int."""
+
+    def beam(self, src: np.ndarray, beam_size: int = 4, alpha: float = 0.6,
+             max_new_tokens: int | None = None) -> np.ndarray:
+        """Beam search (``spec.search``): src (B, S) -> tokens (B, L) int."""
+
+    def run_layer(self, layer: str, prefix: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One layer of ``spec.shapes.LAYERS`` alone, with the model's parameters under ``prefix``
+        (as ``spec.reference.run_layer``)."""
+
+    def save(self, path: Path) -> None:
+        """Write the model's weights with the backend's own ``save_weights``."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def load(self, path: Path) -> Model:
+        """Build a model from a canonical safetensors file with the backend's own ``load_weights``."""
+
+    def describe(self) -> str:
+        """Framework version and device, for the report."""

@@ -1,0 +1,74 @@
+"""Loading golden cases (``spec/golden``) and judging a backend's tensors against them."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+
+from spec import golden_cases, tolerance
+from spec.config import Config
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    meta: dict
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+
+    @property
+    def kind(self) -> str:
+        return self.meta["kind"]
+
+    @property
+    def config(self) -> Config:
+        return Config.from_dict(self.meta["config"])
+
+    def faithful(self, tensor: str) -> tolerance.ErrorStats:
+        return tolerance.ErrorStats(**self.meta["tensors"][tensor])
+
+
+def load_case(d: Path) -> Case:
+    """Read one case folder, verifying each file's sha256 against ``meta.json``.
+
+    Raises:
+        ValueError: naming the file whose hash differs.
+    """
+    meta = json.loads((d / "meta.json").read_text())
+    for fname, digest in meta["sha256"].items():
+        if hashlib.sha256((d / fname).read_bytes()).hexdigest() != digest:
+            raise ValueError(f"{d / fname}: sha256 differs from meta.json")
+    return Case(d.name, meta, safetensors.numpy.load_file(str(d / "inputs.safetensors")),
+                safetensors.numpy.load_file(str(d / "expected.safetensors")))
+
+
+@functools.cache
+def all_cases(root: Path = golden_cases.GOLDEN_DIR) -> tuple[Case, ...]:
+    return tuple(load_case(d) for d in sorted(root.iterdir()) if (d / "meta.json").exists())
+
+
+def cases(kind: str) -> list[Case]:
+    return [c for c in all_cases() if c.kind == kind]
+
+
+def judge_tensor(case: Case, name: str, actual: np.ndarray, ids: dict[str, np.ndarray]) -> tolerance.Verdict:
+    """Judge one tensor of a case: sliced as stored, at non-pad positions only."""
+    exact = case.expected[name]
+    sl = case.meta.get("slices", {}).get(name)
+    a = np.asarray(actual).astype(np.float64)
+    if sl is not None:
+        a = a[..., :sl]
+    if a.shape != exact.shape:
+        raise AssertionError(f"{case.name}/{name}: shape {a.shape}, expected {exact.shape}")
+    pid = ids.get(golden_cases.positions_of(name))
+    pad = case.config.pad_id
+    a, x = golden_cases.valid_rows(a, pid, pad), golden_cases.valid_rows(exact, pid, pad)
+    if name == "pe":
+        return tolerance.judge_positional_encoding(a, x)
+    return tolerance.judge(a, x, case.faithful(name))

@@ -1,0 +1,85 @@
+"""Bad input raises ValueError naming the problem, before any computation, in every entry point."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conformance import golden as G
+
+CASE = "forward_padded_bfloat16"
+
+
+def _good(case: G.Case) -> tuple[np.ndarray, np.ndarray]:
+    return case.inputs["src"].copy(), case.inputs["tgt_in"].copy()
+
+
+def _all_pad_source(src, tgt_in, c):
+    src[1] = c.pad_id
+    return src, tgt_in
+
+
+def _long(src, tgt_in, c):
+    return np.ones((src.shape[0], c.max_len + 1), src.dtype), tgt_in
+
+
+# name -> (make bad (src, tgt_in), message pattern)
+BAD_INPUTS = {
+    "float_token_ids": (lambda s, t, c: (s.astype(np.float32), t), r"src: token ids must be integers"),
+    "bool_token_ids": (lambda s, t, c: (s > 0, t), r"src: token ids must be integers"),
+    "id_at_vocab_size": (lambda s, t, c: (np.where(s == s[0, 0], c.vocab_size, s), t),
+                         r"src: token id \d+ outside \[0, vocab_size"),
+    "negative_id": (lambda s, t, c: (np.where(s == s[0, 0], -1, s), t), r"src: token id -1 outside"),
+    "wrong_rank": (lambda s, t, c: (s[0], t), r"src: expected shape \(batch, length\), got rank 1"),
+    "empty_sequences": (lambda s, t, c: (s[:, :0], t), r"src: sequences are empty"),
+    "empty_batch": (lambda s, t, c: (s[:0], t[:0]), r"src: batch is empty"),
+    "length_over_max_len": (_long, r"src: length \d+ exceeds max_len"),
+    "all_padding_source": (_all_pad_source, r"src: sequence 1 is all padding"),
+    "target_id_out_of_range": (lambda s, t, c: (s, np.where(t == t[0, 1], c.vocab_size + 3, t)),
+                               r"tgt_in: token id \d+ outside"),
+    "float_target": (lambda s, t, c: (s, t.astype(np.float64)), r"tgt_in: token ids must be integers"),
+    "batch_sizes_differ": (lambda s, t, c: (s, t[:1]), r"src and tgt_in batch sizes differ: 3 vs 1"),
+}
+SOURCE_ONLY = {k for k, (_, pat) in BAD_INPUTS.items() if pat.startswith("src:")}
+
+
+def _case():
+    return next(c for c in G.all_cases() if c.name == CASE)
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+def test_bad_input_forward(bad, model_for):
+    case = _case()
+    make, pattern = BAD_INPUTS[bad]
+    src, tgt_in = make(*_good(case), case.config)
+    with pytest.raises(ValueError, match=pattern):
+        model_for(case).forward(src, tgt_in)
+
+
+@pytest.mark.parametrize("entry", ["encode", "greedy", "beam", "decode_steps"])
+@pytest.mark.parametrize("bad", sorted(SOURCE_ONLY))
+def test_bad_source_other_entry_points(bad, entry, model_for):
+    case = _case()
+    make, pattern = BAD_INPUTS[bad]
+    src, tgt_in = make(*_good(case), case.config)
+    model = model_for(case)
+    with pytest.raises(ValueError, match=pattern):
+        if entry == "decode_steps":
+            model.decode_steps(src, tgt_in)
+        else:
+            getattr(model, entry)(src)
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda m, s: m.greedy(s, max_new_tokens=0), r"max_new_tokens must be a positive int"),
+    (lambda m, s: m.beam(s, max_new_tokens=-2), r"max_new_tokens must be a positive int"),
+    (lambda m, s: m.greedy(s, max_new_tokens=10_000), r"generation may need 10000 target positions but max_len"),
+    (lambda m, s: m.beam(s, beam_size=0), r"beam_size must be a positive int"),
+    (lambda m, s: m.beam(s, alpha=-0.5), r"alpha must be a float >= 0"),
+    (lambda m, s: m.greedy(np.ones((1, 30), np.int64)), r"generation may need 80 target positions but max_len is 64"),
+], ids=["greedy_max_new_tokens_0", "beam_max_new_tokens_negative", "max_new_tokens_over_max_len", "beam_size_0",
+        "alpha_negative", "default_limit_over_max_len"])
+def test_bad_generation_arguments(call, pattern, model_for):
+    case = _case()
+    with pytest.raises(ValueError, match=pattern):
+        call(model_for(case), case.inputs["src"])

@@ -1,0 +1,1 @@
+"""The Transformer in PyTorch (placeholder until issue 3)."""

@@ -14,7 +14,7 @@ import numpy as np
 from spec import reference as ref
 from spec import search, validate
 from spec.config import Config
-from spec.numerics import Numerics, np_dtype
+from spec.numerics import Numerics
 from spec.weights_io import load_weights, save_weights
 
 
@@ -61,7 +61,7 @@ class ReferenceModel:
         return {k: v.astype(np.float32) if k in fp32 else self._out(v) for k, v in out.items()}
 
     def save(self, path: Path) -> None:
-        save_weights(path, self.config, {k: v.astype(np_dtype(self.config.param_dtype)) for k, v in self._params.items()})
+        save_weights(path, self.config, self._params)
 
 
 class ReferenceBackend:

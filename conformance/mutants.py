@@ -1,0 +1,162 @@
+"""Mutation test: proof that the conformance suite can fail.
+
+Each mutant replaces one function of ``spec.reference`` with a plausible bug:
+the first eleven break the paper's mathematics, the last two only the numerics
+contract (they prove the tolerance policy is tight enough to see a backend
+that rounds where the contract says not to).
+The suite runs against the mutated reference backend (``--mutant NAME``), in a
+subprocess per mutant, and must fail; the table names the checks that caught it.
+
+    python -m conformance.mutants [--only NAME ...] [--report-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from spec import reference as ref
+from spec.numerics import MASKED_SCORE
+
+_original = {name: getattr(ref, name) for name in (
+    "positional_encoding", "embed", "attention_scale", "scaled_dot_product_attention", "causal_mask",
+    "cross_attention", "sublayer_connection", "activation", "feed_forward", "layer_norm", "output_logits")}
+
+
+def _pe_sin_cos_swapped(length, d_model):
+    pe = _original["positional_encoding"](length, d_model)
+    return pe[:, [i ^ 1 for i in range(d_model)]]  # even columns get cos, odd get sin
+
+
+def _pe_positions_from_one(length, d_model):
+    return _original["positional_encoding"](length + 1, d_model)[1:]
+
+
+def _embed_unscaled(params, ids, c, nx, start=0):
+    pe = nx.acc(ref.positional_encoding(start + ids.shape[1], c.d_model)[start:])
+    return nx.act(params["embedding"][ids] + pe)
+
+
+def _scale_by_d_k(d_k):
+    return 1.0 / d_k
+
+
+def _causal_hides_diagonal(q_start, n_q, n_k):
+    q_pos = np.arange(q_start, q_start + n_q)[:, None]
+    return (np.arange(n_k)[None, :] < q_pos)[None, None]
+
+
+def _cross_attention_from_decoder(params, prefix, y, memory_kv, memory_mask, nx):
+    k, v = ref.attention_kv(params, prefix, y, nx)
+    return ref.attend(params, prefix, y, k, v, np.ones((1, 1, 1, y.shape[1]), bool), nx)
+
+
+def _pre_ln_always(params, prefix, name, x, sublayer, c, nx, rec):
+    return _original["sublayer_connection"](params, prefix, name, x, sublayer, c.replace(norm_first=True), nx, rec)
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _ffn_without_b1(params, prefix, x, nx):
+    h = nx.act(x @ params[f"{prefix}.w_1"])
+    return nx.act(ref.activation(h) @ params[f"{prefix}.w_2"] + params[f"{prefix}.b_2"])
+
+
+def _layer_norm_eps_1e5(params, prefix, x, eps, nx):
+    return _original["layer_norm"](params, prefix, x, 1e-5, nx)
+
+
+def _untied_output(params, h, nx):
+    rng = np.random.default_rng(0)  # an output matrix of the right shape and scale that is not the embedding
+    w = rng.uniform(-1, 1, params["embedding"].shape) * np.sqrt(3.0 / params["embedding"].shape[1])
+    return nx.acc(np.einsum("bnd,vd->bnv", h, w))
+
+
+def _scores_rounded_to_bf16(q, k, v, mask, nx):
+    if nx.mode != "bfloat16":
+        return _original["scaled_dot_product_attention"](q, k, v, mask, nx)
+    scores = nx.act(np.einsum("bthk,bshk->bhts", q, k))  # rule 4 says: stay fp32
+    scores = nx.acc(scores * nx.acc(ref.attention_scale(q.shape[-1])))
+    probs = nx.act(nx.acc(ref.softmax(np.where(mask, scores, MASKED_SCORE))))
+    return nx.act(np.einsum("bhts,bshc->bthc", probs, v))
+
+
+def _logits_rounded_to_bf16(params, h, nx):
+    return nx.act(_original["output_logits"](params, h, nx))  # rule 7 says: float32, never rounded
+
+
+MUTANTS: dict[str, tuple[str, Callable]] = {
+    "pe_sin_cos_swapped": ("positional_encoding", _pe_sin_cos_swapped),
+    "pe_positions_from_1": ("positional_encoding", _pe_positions_from_one),
+    "embedding_not_scaled_by_sqrt_d_model": ("embed", _embed_unscaled),
+    "scores_divided_by_d_k": ("attention_scale", _scale_by_d_k),
+    "causal_mask_hides_diagonal": ("causal_mask", _causal_hides_diagonal),
+    "cross_attention_kv_from_decoder": ("cross_attention", _cross_attention_from_decoder),
+    "pre_ln_instead_of_post_ln": ("sublayer_connection", _pre_ln_always),
+    "relu_replaced_by_gelu": ("activation", _gelu),
+    "ffn_bias_b1_dropped": ("feed_forward", _ffn_without_b1),
+    "layer_norm_eps_1e-5": ("layer_norm", _layer_norm_eps_1e5),
+    "output_projection_not_shared_embedding": ("output_logits", _untied_output),
+    "attention_scores_rounded_to_bf16": ("scaled_dot_product_attention", _scores_rounded_to_bf16),
+    "logits_rounded_to_bf16": ("output_logits", _logits_rounded_to_bf16),
+}
+
+
+def apply(name: str) -> None:
+    """Replace the reference function that mutant ``name`` targets, for this process."""
+    if name not in MUTANTS:
+        raise ValueError(f"unknown mutant {name!r}; choose from {sorted(MUTANTS)}")
+    target, fn = MUTANTS[name]
+    setattr(ref, target, fn)
+
+
+def run(name: str, report_dir: Path) -> list[str]:
+    """Run the suite against mutant ``name``; the names of the checks that failed."""
+    subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance", "--backend", "reference",
+                    "--mutant", name, "--report-dir", str(report_dir), "-q", "-p", "no:cacheprovider"],
+                   capture_output=True, text=True, check=False)
+    report = report_dir / f"conformance-reference+{name}.json"
+    if not report.exists():
+        raise RuntimeError(f"mutant {name}: the suite wrote no report")
+    checks = json.loads(report.read_text())["checks"]
+    return sorted(c for c, e in checks.items() if e["outcome"] == "failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=sorted(MUTANTS))
+    parser.add_argument("--report-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    report_dir = args.report_dir or Path(tempfile.mkdtemp(prefix="mutants-"))
+    table = Table(title="Mutants of the reference: the checks that caught each")
+    table.add_column("mutant")
+    table.add_column("caught")
+    table.add_column("failed checks")
+    survived = []
+    for name in args.only:
+        failed = run(name, report_dir)
+        if not failed:
+            survived.append(name)
+        shown = ", ".join(failed[:6]) + (f", ... ({len(failed)} in all)" if len(failed) > 6 else "")
+        table.add_row(name, "[green]yes[/]" if failed else "[bold red]NO[/]", escape(shown))
+    Console(width=200).print(table)
+    print(f"{len(args.only) - len(survived)} of {len(args.only)} mutants caught" +
+          (f"; survived: {', '.join(survived)}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -146,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     table.add_column("caught")
     table.add_column("failed checks")
     survived = []
-    for name in args.only:
-        failed = run(name, report_dir)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # one suite process per mutant
+        results = dict(zip(args.only, pool.map(lambda n: run(n, report_dir), args.only), strict=True))
+    for name, failed in results.items():
         if not failed:
             survived.append(name)
         shown = ", ".join(failed[:6]) + (f", ... ({len(failed)} in all)" if len(failed) > 6 else "")

@@ -1,0 +1,113 @@
+"""impl_torch as a conformance backend, through its public API only.
+
+NumPy crosses in both directions: token ids are passed through as given (impl_torch validates them), bf16
+activations come back as ``ml_dtypes.bfloat16``, logits as float32. Runs on CUDA when available, else CPU.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import impl_torch
+from spec.config import Config
+
+FP32_OUTPUTS = {"pe", "logits"}
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TorchModel:
+    def __init__(self, model: impl_torch.Transformer):
+        self.model = model
+        self.config: Config = model.config
+
+    def _np(self, t: torch.Tensor) -> np.ndarray:
+        return impl_torch.to_array(t)
+
+    def _in(self, a: np.ndarray) -> torch.Tensor:
+        """A float or bool input array as a tensor on the model's device (ids and masks as they are)."""
+        return impl_torch.to_tensor(np.asarray(a)).to(self.model.device)
+
+    @torch.inference_mode()
+    def forward(self, src, tgt_in, intermediates=False):
+        if not intermediates:
+            return self._np(self.model(src, tgt_in)), {}
+        logits, inter = self.model(src, tgt_in, intermediates=True)
+        return self._np(logits), {k: self._np(v) for k, v in inter.items()}
+
+    @torch.inference_mode()
+    def encode(self, src):
+        return self._np(self.model.encode(src))
+
+    @torch.inference_mode()
+    def decode_steps(self, src, tgt_in):
+        cache = self.model.init_cache(self.model.encode(src), src, capacity=np.shape(tgt_in)[1])
+        steps = [self.model.decode(tgt_in[:, t:t + 1], cache) for t in range(np.shape(tgt_in)[1])]
+        return self._np(torch.cat(steps, dim=1))
+
+    def greedy(self, src, max_new_tokens=None):
+        return impl_torch.greedy_search(self.model, src, max_new_tokens).cpu().numpy()
+
+    def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
+        return impl_torch.beam_search(self.model, src, beam_size, alpha, max_new_tokens).cpu().numpy()
+
+    @torch.inference_mode()
+    def run_layer(self, layer, prefix, inputs):
+        out = {k: self._np(v) for k, v in self._run_layer(layer, prefix, {k: self._in(v) for k, v in inputs.items()})
+               .items()}
+        return {k: v.astype(np.float32) if k in FP32_OUTPUTS else v for k, v in out.items()}
+
+    def _run_layer(self, layer: str, prefix: str, i: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        m, c = self.model, self.config
+        if layer == "positional_encoding":
+            return {"pe": impl_torch.positional_encoding(c.max_len, c.d_model, m.device)}
+        if layer == "embedding":
+            return {"x": m.embed(m.embedding, i["ids"])}
+        if layer == "scaled_dot_product_attention":
+            q, k, v = (i[n].transpose(1, 2) for n in ("q", "k", "v"))  # (B, L, H, K) -> (B, H, L, K)
+            fused = m.device.type == "cuda"
+            return {"out": impl_torch.scaled_dot_product_attention(q, k, v, i["mask"], fused=fused).transpose(1, 2)}
+        if layer == "output_projection":
+            return {"logits": m.output_projection(i["h"])}
+        mod = m.get_submodule(prefix)
+        if layer == "multi_head_attention":
+            return {"out": mod(i["x_q"], i["x_kv"], i["mask"])}
+        if layer == "add_norm":
+            return {"out": mod.add_norm(i["x"], i["y"])}
+        if layer == "feed_forward":
+            return {"out": mod(i["x"])}
+        if layer == "encoder_layer":
+            return {"out": mod(i["x"], i["mask"])}
+        if layer == "decoder_layer":
+            memory_kv = mod.cross_attn.project_kv(i["memory"])
+            return {"out": mod(i["y"], memory_kv, i["memory_mask"], i["self_mask"])}
+        raise ValueError(f"unknown layer {layer!r}")
+
+    def save(self, path: Path) -> None:
+        impl_torch.save_weights(self.model, path)
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self):
+        impl_torch.contract_numerics()  # TF32 off, fp32 reductions in bf16 GEMMs (CUDA)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+    def load(self, path: Path) -> TorchModel:
+        return TorchModel(impl_torch.load_weights(path, device=_device()))
+
+    def describe(self) -> str:
+        dev = _device()
+        where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{platform.machine()} CPU"
+        return f"PyTorch {torch.__version__}, {where}"
+
+
+def make_backend() -> TorchBackend:
+    return TorchBackend()

@@ -1,0 +1,284 @@
+"""The Transformer's layers (Vaswani et al., 2017, section 3) under the numerics contract of ``spec.numerics``.
+
+Shape letters: B batch, S source length, T target length, D d_model, H n_heads, K d_k, C d_v, F d_ff.
+Attention tensors are laid out (B, H, L, K), as ``torch.nn.functional.scaled_dot_product_attention`` wants them.
+
+Rounding (contract rule 2): every product takes operands in the activation dtype, accumulates in fp32 and is
+rounded to the activation dtype once, after its bias; ``project`` is the one place that does it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from spec.config import Config
+from spec.numerics import MASKED_SCORE
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+Record = dict[str, Tensor] | None
+
+
+def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``einsum(eq, x, w) + bias``, accumulated in fp32 and rounded once to ``out_dtype`` (default ``x.dtype``).
+
+    On CUDA a bias-free bf16 product is a native bf16 GEMM: cuBLAS accumulates in fp32 and rounds once, provided
+    ``allow_bf16_reduced_precision_reduction`` is off (``contract_numerics``). Everything else runs as an fp32
+    GEMM of the upcast operands: a product of two bf16 values is exact in fp32, so this is the same contract, with
+    the bias added before the single rounding (a bf16 GEMM would round before the bias: twice). On a CPU without
+    native bf16 it is also what makes bf16 usable: a 512^3 product takes ~1.7 ms this way and ~200 ms as a PyTorch
+    bf16 GEMM (2-core AVX2, torch 2.13).
+    """
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if x.is_cuda and bias is None and x.dtype == w.dtype == out_dtype == torch.bfloat16:
+        return torch.einsum(eq, x, w)
+    y = torch.einsum(eq, x.float(), w.float())
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def contract_numerics() -> None:
+    """Set PyTorch's global matmul flags the contract needs (rule 8): no TF32, no bf16 partial reductions.
+
+    ``allow_bf16_reduced_precision_reduction`` (default True) lets cuBLAS round partial sums of a bf16 GEMM to
+    bf16, which would break "accumulate in fp32, round once". The flags only affect CUDA.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+# ----------------------------------------------------------------- embedding
+
+def positional_encoding(length: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
+    """The sinusoidal table (section 3.5), (length, D) float32, interleaved, positions from 0.
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``. Computed in float64 on the CPU
+    (not every device has float64) and rounded once to float32.
+    """
+    pos = torch.arange(length, dtype=torch.float64)[:, None]           # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)           # (D/2,)
+    angle = pos / 10000.0 ** (two_i / d_model)                         # (L, D/2)
+    pe = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)    # (L, D): sin, cos interleaved
+    return pe.to(device=device, dtype=torch.float32)
+
+
+def embedding(table: Tensor, ids: Tensor, pe: Tensor, dtype: torch.dtype) -> Tensor:
+    """``E[ids] * sqrt(D) + PE`` in fp32, rounded once to ``dtype`` (section 3.4, rule 3).
+
+    table (V, D), ids (B, L) int64, pe (L, D) float32 -> (B, L, D) ``dtype``.
+    """
+    x = F.embedding(ids, table).float() * math.sqrt(table.shape[-1])   # (B, L, D) fp32
+    return (x + pe).to(dtype)
+
+
+class Embedding(nn.Module):
+    """Scaled token embedding plus positional encoding, then dropout (sections 3.4, 3.5, 5.4).
+
+    The table is not a parameter of this module: it is the Transformer's single ``embedding`` (V, D), shared by
+    source, target and the output projection, and passed to ``forward``. The PE table is a non-persistent fp32
+    buffer of ``max_len`` rows.
+    """
+
+    def __init__(self, config: Config, device: torch.device | str | None = None):
+        super().__init__()
+        self.dtype = DTYPES[config.dtype]
+        self.register_buffer("pe", positional_encoding(config.max_len, config.d_model, device), persistent=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, table: Tensor, ids: Tensor, start: int = 0) -> Tensor:
+        """ids (B, L) at positions start..start+L-1 -> (B, L, D) in the activation dtype."""
+        return self.dropout(embedding(table, ids, self.pe[start:start + ids.shape[1]], self.dtype))
+
+
+# ----------------------------------------------------------------- attention
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, fused: bool = False) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) V (equation 1, rule 4).
+
+    q (B, H, T, K), k (B, H, S, K), v (B, H, S, C), mask bool broadcastable to (B, H, T, S), True = may attend.
+    Returns (B, H, T, C) in ``v.dtype``. A query row whose keys are all masked gets a finite output.
+
+    The plain path (default) is the contract written out: fp32 scores, scaled in fp32, masked with
+    ``MASKED_SCORE``, fp32 max-subtracted softmax, probabilities rounded to ``v.dtype`` before P V.
+    ``fused=True`` calls ``torch.nn.functional.scaled_dot_product_attention``. Its CUDA kernels (flash,
+    memory-efficient) keep scores and softmax in fp32 and round the *unnormalised* probabilities to bf16 before
+    P V, normalising in fp32 after: one rounding per probability, as the contract asks, in a slightly different
+    place. Its CPU kernel keeps the probabilities in fp32 (measured on the golden SDPA cases: 0.5-0.7x the
+    contract's error), so on CPU the plain path is the contract and the fused one is not. The mask becomes an
+    additive bias of the dtype's most negative finite value, so fully masked rows stay finite.
+    """
+    if fused:
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))
+    scores = project("bhtk,bhsk->bhts", q, k, out_dtype=torch.float32)     # (B, H, T, S) fp32, never rounded
+    scores = scores * (1.0 / math.sqrt(q.shape[-1]))                        # scaled in fp32
+    scores = scores.masked_fill(~mask, MASKED_SCORE)                        # masked keys get exactly zero weight
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)                      # fp32 softmax, rounded before P V
+    return project("bhts,bhsc->bhtc", probs, v)                            # (B, H, T, C)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2), projections without bias.
+
+    Parameters: w_q, w_k (D, H, K), w_v (D, H, C), w_o (H, C, D). ``project_kv`` and ``attend`` are the two
+    halves of ``forward``, so a decoder can cache keys/values: per step for self-attention, once per source for
+    cross-attention. ``fused`` picks the attention path: None (default) runs fused on CUDA and plain elsewhere
+    (``scaled_dot_product_attention`` says why); True or False forces one.
+    """
+
+    fused: bool | None = None
+
+    def __init__(self, config: Config, device: torch.device | str | None = None):
+        super().__init__()
+        D, H, K, C = config.d_model, config.n_heads, config.d_k, config.d_v
+        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
+        self.w_q = nn.Parameter(torch.empty(D, H, K, **kw))
+        self.w_k = nn.Parameter(torch.empty(D, H, K, **kw))
+        self.w_v = nn.Parameter(torch.empty(D, H, C, **kw))
+        self.w_o = nn.Parameter(torch.empty(H, C, D, **kw))
+
+    def project_kv(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) -> k (B, H, S, K), v (B, H, S, C)."""
+        return project("bsd,dhk->bhsk", x_kv, self.w_k), project("bsd,dhc->bhsc", x_kv, self.w_v)
+
+    def attend(self, x_q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """Queries x_q (B, T, D) over k (B, H, S, K), v (B, H, S, C); mask (B, 1, T or 1, S) -> (B, T, D)."""
+        q = project("btd,dhk->bhtk", x_q, self.w_q)                            # (B, H, T, K)
+        fused = q.is_cuda if self.fused is None else self.fused
+        o = scaled_dot_product_attention(q, k, v, mask, fused)                  # (B, H, T, C)
+        return project("bhtc,hcd->btd", o, self.w_o)                           # (B, T, D)
+
+    def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor) -> Tensor:
+        """x_q (B, T, D), x_kv (B, S, D), mask bool (B, 1, T or 1, S) -> (B, T, D)."""
+        return self.attend(x_q, *self.project_kv(x_kv), mask)
+
+
+# ----------------------------------------------------------------- FFN, norm, residual
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2): (B, L, D) -> (B, L, D), hidden (B, L, F)."""
+
+    def __init__(self, config: Config, device: torch.device | str | None = None):
+        super().__init__()
+        D, F_ = config.d_model, config.d_ff
+        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
+        self.w_1 = nn.Parameter(torch.empty(D, F_, **kw))
+        self.b_1 = nn.Parameter(torch.empty(F_, **kw))
+        self.w_2 = nn.Parameter(torch.empty(F_, D, **kw))
+        self.b_2 = nn.Parameter(torch.empty(D, **kw))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(project("bld,df->blf", x, self.w_1, self.b_1))   # (B, L, F), ReLU commutes with rounding
+        return project("blf,fd->bld", h, self.w_2, self.b_2)           # (B, L, D)
+
+
+def layer_norm(x: Tensor, scale: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """LayerNorm over D (Ba et al., 2016): statistics and normalisation in fp32, rounded once to ``x.dtype``."""
+    return F.layer_norm(x.float(), x.shape[-1:], scale.float(), bias.float(), eps).to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with ``scale`` and ``bias`` (D), rule 6; the final norm of a pre-LN stack."""
+
+    def __init__(self, config: Config, device: torch.device | str | None = None):
+        super().__init__()
+        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
+        self.scale = nn.Parameter(torch.empty(config.d_model, **kw))
+        self.bias = nn.Parameter(torch.empty(config.d_model, **kw))
+        self.eps = config.layer_norm_eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return layer_norm(x, self.scale, self.bias, self.eps)
+
+
+class SublayerConnection(LayerNorm):
+    """The residual connection around a sublayer, with its LayerNorm (sections 3.1, 5.4).
+
+    Post-LN (the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``; pre-LN (``config.norm_first``):
+    ``x + Dropout(Sublayer(LayerNorm(x)))``. It is the norm itself (a ``LayerNorm`` subclass) so that the norm's
+    parameters keep their canonical names, ``{layer}.{sublayer}_norm.scale`` and ``.bias``.
+    """
+
+    def __init__(self, config: Config, device: torch.device | str | None = None):
+        super().__init__(config, device)
+        self.norm_first = config.norm_first
+        self.dropout = nn.Dropout(config.dropout)
+
+    def add_norm(self, x: Tensor, y: Tensor) -> Tensor:
+        """``LayerNorm(x + y)``, the residual add rounded first (rules 5, 6): the post-LN block given y."""
+        return layer_norm(x + y, self.scale, self.bias, self.eps)
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], record: Record = None,
+                name: str = "") -> Tensor:
+        """x (B, L, D) -> (B, L, D). Records the sublayer's output as ``name``, the block's as ``name.residual``."""
+        if self.norm_first:
+            y = record_as(record, name, sublayer(layer_norm(x, self.scale, self.bias, self.eps)))
+            out = x + self.dropout(y)
+        else:
+            y = record_as(record, name, sublayer(x))
+            out = self.add_norm(x, self.dropout(y))
+        return record_as(record, f"{name}.residual", out)
+
+
+def record_as(record: Record, name: str, x: Tensor) -> Tensor:
+    """``x``, stored in ``record[name]`` when recording intermediates."""
+    if record is not None:
+        record[name] = x
+    return x
+
+
+# ----------------------------------------------------------------- layers
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each in a sublayer connection (section 3.1): (B, S, D) -> (B, S, D)."""
+
+    def __init__(self, config: Config, device: torch.device | str | None = None):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, device)
+        self.self_attn_norm = SublayerConnection(config, device)
+        self.ffn = FeedForward(config, device)
+        self.ffn_norm = SublayerConnection(config, device)
+
+    def forward(self, x: Tensor, mask: Tensor, record: Record = None) -> Tensor:
+        """x (B, S, D), mask (B, 1, 1, S) key padding mask. ``record`` gets names relative to the layer."""
+        x = self.self_attn_norm(x, lambda h: self.self_attn(h, h, mask), record, "self_attn")
+        return self.ffn_norm(x, self.ffn, record, "ffn")
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output, FFN (section 3.1): (B, n, D) -> (B, n, D)."""
+
+    def __init__(self, config: Config, device: torch.device | str | None = None):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, device)
+        self.self_attn_norm = SublayerConnection(config, device)
+        self.cross_attn = MultiHeadAttention(config, device)
+        self.cross_attn_norm = SublayerConnection(config, device)
+        self.ffn = FeedForward(config, device)
+        self.ffn_norm = SublayerConnection(config, device)
+
+    def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor, self_mask: Tensor,
+                append_kv: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+                record: Record = None) -> Tensor:
+        """n new positions y (B, n, D) -> (B, n, D).
+
+        memory_kv: this layer's cross-attention keys/values of the encoder output (``cross_attn.project_kv``),
+        memory_mask (B, 1, 1, S); self_mask (B, 1, n, t) over the t self-attention keys. ``append_kv(k, v)`` is
+        the KV cache: it stores the new positions' keys/values and returns those of all t positions so far
+        (without it, the n new positions attend among themselves, t = n).
+        """
+        def self_attn(h: Tensor) -> Tensor:
+            k, v = self.self_attn.project_kv(h)                                 # (B, H, n, K), (B, H, n, C)
+            if append_kv is not None:
+                k, v = append_kv(k, v)                                          # (B, H, t, K), (B, H, t, C)
+            return self.self_attn.attend(h, k, v, self_mask)
+
+        y = self.self_attn_norm(y, self_attn, record, "self_attn")
+        y = self.cross_attn_norm(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask), record, "cross_attn")
+        return self.ffn_norm(y, self.ffn, record, "ffn")

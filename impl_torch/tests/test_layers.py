@@ -1,0 +1,93 @@
+"""Layers against the contract: rounding points, positional encoding, attention masks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+import impl_torch
+from impl_torch.layers import layer_norm, project
+from spec.numerics import BF16
+
+
+def _bf16(*shape, seed=0, scale=1.0):
+    return (scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))).bfloat16()
+
+
+def test_positional_encoding_is_the_papers_interleaved_table():
+    pe = impl_torch.positional_encoding(50, 8)
+    assert pe.dtype == torch.float32 and pe.shape == (50, 8)
+    pos, i = np.arange(50)[:, None], np.arange(0, 8, 2)[None, :]
+    angle = pos / 10000.0 ** (i / 8)
+    np.testing.assert_array_equal(pe[:, 0::2].numpy(), np.sin(angle).astype(np.float32))
+    np.testing.assert_array_equal(pe[:, 1::2].numpy(), np.cos(angle).astype(np.float32))
+
+
+def test_project_accumulates_in_fp32_and_rounds_once_after_the_bias():
+    x, w, b = _bf16(3, 4, 64, seed=1), _bf16(64, 16, seed=2), _bf16(16, seed=3)
+    y = project("bld,df->blf", x, w, b)
+    exact = np.einsum("bld,df->blf", x.double().numpy(), w.double().numpy()) + b.double().numpy()
+    once = exact.astype(np.float32).astype(BF16)                           # fp32 accumulator, one bf16 rounding
+    assert y.dtype == torch.bfloat16
+    # fp32 summation order may move a result across a bf16 rounding boundary only when it lies within ~2^-16 ulp
+    differ = (impl_torch.to_array(y) != once).mean()
+    assert differ < 0.01, f"{differ:.1%} of results differ from one rounding of the exact value"
+
+
+def test_layer_norm_statistics_in_fp32():
+    x = _bf16(2, 5, 32, seed=4, scale=1e-3)                                # variance ~ eps: eps is visible
+    scale, bias = _bf16(32, seed=5).abs() + 0.5, _bf16(32, seed=6)
+    y = layer_norm(x, scale, bias, 1e-6)
+    xd = x.double()
+    ref = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, unbiased=False, keepdim=True) + 1e-6)
+    ref = (ref * scale.double() + bias.double()).float().bfloat16()
+    assert y.dtype == torch.bfloat16
+    assert (y.float() - ref.float()).abs().max() <= 2 ** -6 * ref.float().abs().max()
+
+
+def _attention_inputs(dtype=torch.float32):
+    B, H, T, S, K, C = 2, 3, 4, 6, 16, 8
+    q, k, v = _bf16(B, H, T, K, seed=7), _bf16(B, H, S, K, seed=8), _bf16(B, H, S, C, seed=9)
+    mask = torch.ones(B, 1, T, S, dtype=torch.bool)
+    mask[1, ..., 4:] = False                                                # row 1: keys 4.. are padding
+    return q.to(dtype), k.to(dtype), v.to(dtype), mask
+
+
+def test_masked_keys_get_exactly_zero_weight():
+    q, k, v, mask = _attention_inputs()
+    out = impl_torch.scaled_dot_product_attention(q, k, v, mask)
+    v2 = v.clone()
+    v2[1, :, 4:] = 1e4                                                      # change only masked keys' values
+    k2 = k.clone()
+    k2[1, :, 4:] = -k2[1, :, 4:]
+    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k2, v2, mask), out, rtol=0, atol=0)
+
+
+def test_fully_masked_query_rows_are_finite():
+    q, k, v, mask = _attention_inputs(torch.bfloat16)
+    mask[0, :, 2] = False                                                   # query 2 of row 0 sees no key
+    for fused in (False, True):
+        assert torch.isfinite(impl_torch.scaled_dot_product_attention(q, k, v, mask, fused=fused).float()).all()
+
+
+def test_plain_attention_is_equation_1():
+    q, k, v, mask = _attention_inputs()
+    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    probs = torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
+    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k, v, mask).double(), probs @ v.double())
+
+
+def test_fused_attention_agrees_with_plain_in_float32():
+    q, k, v, mask = _attention_inputs()
+    plain = impl_torch.scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k, v, mask, fused=True), plain)
+
+
+def test_sublayer_connection_post_and_pre_norm(tiny):
+    post, pre = tiny().encoder.layers[0].ffn_norm, tiny(norm_first=True).encoder.layers[0].ffn_norm
+    x, y = _bf16(2, 3, 32, seed=10), _bf16(2, 3, 32, seed=11)
+    torch.testing.assert_close(post(x, lambda h: y), post.add_norm(x, y), rtol=0, atol=0)     # LayerNorm(x + y)
+    sub = lambda h: h * 2                                                                    # noqa: E731
+    torch.testing.assert_close(pre(x, sub), x + sub(layer_norm(x, pre.scale, pre.bias, pre.eps)), rtol=0, atol=0)

@@ -13,5 +13,6 @@ class BuildPy(build_py):
         return [m for m in super().find_package_modules(package, package_dir) if m[1] != "setup"]
 
 
+# jax 0.4.31 added jax.nn.dot_product_attention (the fused attention path); 0.4.30 lacks it.
 SPEC = (Path(__file__).resolve().parent.parent / "spec").as_uri()
-setup(cmdclass={"build_py": BuildPy}, install_requires=[f"aiayn-spec @ {SPEC}", "jax>=0.4.30"])
+setup(cmdclass={"build_py": BuildPy}, install_requires=[f"aiayn-spec @ {SPEC}", "jax>=0.4.31"])

@@ -1,0 +1,109 @@
+"""The JAX backend (``impl_jax``) behind the adapter protocol (``conformance.adapters.base``).
+
+Only ``impl_jax``'s public API is used: the functions ``__init__`` exports, and
+``impl_jax.layers`` with ``params_at`` to run one layer alone. fp32 products are
+pinned to true fp32 (``jax_default_matmul_precision``), so fp32 checks never run
+as TF32 or bf16 passes on an accelerator, and GPU reductions are made deterministic
+(``--xla_gpu_deterministic_ops``, read when JAX starts its backend; a no-op on CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), "--xla_gpu_deterministic_ops=true"]))
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import impl_jax  # noqa: E402
+from impl_jax import layers  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def _np(x) -> np.ndarray:
+    """A device array as NumPy (bf16 as ``ml_dtypes.bfloat16``)."""
+    return np.asarray(jax.device_get(x))
+
+
+class JaxModel:
+    def __init__(self, config, params):
+        self.config = config
+        self.params = params
+
+    def forward(self, src, tgt_in, intermediates=False):
+        if not intermediates:
+            return _np(impl_jax.forward(self.params, self.config, src, tgt_in)), {}
+        logits, inter = impl_jax.forward(self.params, self.config, src, tgt_in, intermediates=True)
+        return _np(logits), {k: _np(v) for k, v in inter.items()}
+
+    def encode(self, src):
+        return _np(impl_jax.encode(self.params, self.config, src))
+
+    def decode_steps(self, src, tgt_in):
+        memory = impl_jax.encode(self.params, self.config, src)
+        cache = impl_jax.init_cache(self.params, self.config, memory, src, capacity=np.shape(tgt_in)[1])
+        steps = []
+        for t in range(np.shape(tgt_in)[1]):
+            logits, cache = impl_jax.decode(self.params, self.config, np.asarray(tgt_in)[:, t:t + 1], cache)
+            steps.append(logits)
+        return _np(jnp.concatenate(steps, axis=1))
+
+    def greedy(self, src, max_new_tokens=None):
+        return _np(impl_jax.greedy_search(self.params, self.config, src, max_new_tokens))
+
+    def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
+        return _np(impl_jax.beam_search(self.params, self.config, src, beam_size, alpha, max_new_tokens))
+
+    def run_layer(self, layer, prefix, inputs):
+        p = impl_jax.params_at(self.params, prefix)
+        return {k: _np(v) for k, v in _layer_fn(layer, self.config)(p, **inputs).items()}
+
+    def save(self, path: Path) -> None:
+        impl_jax.save_weights(self.params, self.config, path)
+
+
+@functools.cache
+def _layer_fn(layer, c):
+    """One layer of ``spec.shapes.LAYERS`` as a jitted function of (parameter subtree, inputs)."""
+    dt = c.dtype
+
+    def decoder_layer(p, y, memory, self_mask, memory_mask):
+        B, T = y.shape[:2]
+        empty = (jnp.zeros((B, T, c.n_heads, c.d_k), dt), jnp.zeros((B, T, c.n_heads, c.d_v), dt))
+        out, _ = layers.decoder_layer(p, y, empty, layers.attention_kv(p["cross_attn"], memory), self_mask,
+                                      memory_mask, 0, c)
+        return {"out": out}
+
+    fns = {
+        "positional_encoding": lambda p: {"pe": layers.positional_encoding(c.max_len, c.d_model)},
+        "embedding": lambda p, ids: {"x": layers.embedding(p["embedding"], ids, c)},
+        "scaled_dot_product_attention": lambda p, q, k, v, mask: {
+            "out": layers.scaled_dot_product_attention(q, k, v, mask)},
+        "multi_head_attention": lambda p, x_q, x_kv, mask: {"out": layers.multi_head_attention(p, x_q, x_kv, mask)},
+        "add_norm": lambda p, x, y: {"out": layers.layer_norm(p, x + y, c.layer_norm_eps)},
+        "feed_forward": lambda p, x: {"out": layers.feed_forward(p, x)},
+        "encoder_layer": lambda p, x, mask: {"out": layers.encoder_layer(p, x, mask, c)},
+        "decoder_layer": decoder_layer,
+        "output_projection": lambda p, h: {"logits": impl_jax.output_logits(p, h)},
+    }
+    return jax.jit(fns[layer])
+
+
+class JaxBackend:
+    name = "jax"
+
+    def load(self, path: Path) -> JaxModel:
+        return JaxModel(*impl_jax.load_weights(path))
+
+    def describe(self) -> str:
+        d = jax.devices()[0]
+        return f"JAX {jax.__version__}, {d.platform.upper()} ({d.device_kind})"
+
+
+def make_backend() -> JaxBackend:
+    return JaxBackend()

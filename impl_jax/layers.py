@@ -1,0 +1,227 @@
+"""The Transformer's layers as pure JAX functions of (parameter subtree, activations) (Vaswani et al., 2017).
+
+Numerics follow ``spec.numerics``: in bf16 mode every matrix product takes bf16
+operands, accumulates in fp32 (``preferred_element_type``) and is rounded to
+bf16 once, after its bias; attention scores, softmax and LayerNorm statistics
+stay fp32. In fp32 mode the same code runs in fp32 with ``Precision.HIGHEST``
+so no product runs as TF32 or bf16 passes on an accelerator.
+
+Layer functions that sit in a sublayer connection take ``rec``, a dict the
+traced function fills with named intermediates (``spec.shapes.intermediates``)
+and returns; ``None`` records nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from spec.config import Config
+from spec.numerics import MASKED_SCORE
+
+Params = dict
+Record = dict | None  # name -> traced intermediate, filled while tracing
+F32 = jnp.float32
+
+
+def einsum_f32(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """einsum with fp32 accumulation and result; HIGHEST pins fp32 operands to true fp32 products."""
+    return jnp.einsum(eq, a, b, preferred_element_type=F32, precision=lax.Precision.HIGHEST)
+
+
+def record(rec: Record, name: str, x: jax.Array) -> jax.Array:
+    """Store ``x`` as ``rec[name]`` (if recording) and return it."""
+    if rec is not None:
+        rec[name] = x
+    return x
+
+
+def positional_encoding(length: int, d_model: int) -> jax.Array:
+    """Sinusoidal table (length, D) float32, interleaved sin/cos (section 3.5).
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``.
+    Computed once on the host in float64 and rounded to fp32: under ``jit`` it
+    is a constant, and it is as close to exact as fp32 holds.
+    """
+    pos = np.arange(length, dtype=np.float64)[:, None]            # (L, 1)
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]   # (1, D/2)
+    angle = pos / 10000.0 ** (two_i / d_model)                    # (L, D/2)
+    pe = np.stack([np.sin(angle), np.cos(angle)], axis=-1)        # (L, D/2, 2)
+    return jnp.asarray(pe.reshape(length, d_model), F32)          # (L, D)
+
+
+def embedding(table: jax.Array, ids: jax.Array, config: Config, start: jax.Array | int = 0) -> jax.Array:
+    """``E[ids] * sqrt(D) + PE[start:start+L]`` in fp32, rounded once to ``config.dtype`` (section 3.4).
+
+    table (V, D), ids (B, L) int, already validated (JAX clamps out-of-range
+    gathers silently). ``start`` may be traced (decoding). Returns (B, L, D).
+    """
+    L, D = ids.shape[1], config.d_model
+    pe = lax.dynamic_slice_in_dim(positional_encoding(config.max_len, D), start, L)  # (L, D) fp32
+    x = table[ids].astype(F32) * jnp.asarray(np.sqrt(D), F32)                      # (B, L, D) fp32
+    return (x + pe).astype(config.dtype)
+
+
+def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                                 implementation: str = "auto") -> jax.Array:
+    """softmax(Q K^T / sqrt(d_k)) V (equation 1), scores and softmax in fp32, probabilities rounded.
+
+    q (B, T, H, K), k (B, S, H, K), v (B, S, H, C), mask bool broadcastable to
+    (B, H, T, S), True = may attend. Returns (B, T, H, C) in q's dtype.
+
+    ``implementation``: "einsum" is the plain path below. "xla" is
+    ``jax.nn.dot_product_attention``, whose XLA code (read in jax 0.4.31 and
+    0.10.2) meets the contract: fp32 logits (``preferred_element_type``), scale
+    in fp32, softmax in fp32, probabilities cast to the value dtype before P V.
+    It masks with -0.7 * fp32 max instead of ``MASKED_SCORE``: masked keys still
+    get exactly zero weight and fully masked (padding) query rows stay finite,
+    which is all the contract asks. It needs d_v == d_k. "auto" (what the model
+    uses) takes "xla" where d_v == d_k, else "einsum". "cudnn" asks
+    ``jax.nn.dot_product_attention`` for cuDNN's fused kernel on NVIDIA GPUs;
+    it is not checked against the contract here.
+    """
+    if implementation == "auto":
+        implementation = "xla" if k.shape[-1] == v.shape[-1] else "einsum"
+    if implementation == "einsum":
+        return _attention_einsum(q, k, v, mask)
+    with jax.default_matmul_precision("highest"):  # fp32 mode: true fp32 products (no-op for bf16)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=float(1.0 / np.sqrt(q.shape[-1])),
+                                            implementation=implementation)
+
+
+def _attention_einsum(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """The plain path of ``scaled_dot_product_attention``, one contract rule per line."""
+    scores = einsum_f32("bthk,bshk->bhts", q, k)                     # (B, H, T, S) fp32, never rounded
+    scores = scores * jnp.asarray(1.0 / np.sqrt(q.shape[-1]), F32)  # scaled after the product, in fp32
+    scores = jnp.where(mask, scores, MASKED_SCORE)                   # masked keys: exactly zero weight
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)          # max-subtracted fp32 softmax, rounded
+    return einsum_f32("bhts,bshc->bthc", probs, v).astype(v.dtype)   # (B, T, H, C)
+
+
+def attention_kv(params: Params, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Key and value projections: x_kv (B, S, D) -> k (B, S, H, K), v (B, S, H, C)."""
+    k = einsum_f32("bsd,dhk->bshk", x_kv, params["w_k"]).astype(x_kv.dtype)
+    v = einsum_f32("bsd,dhc->bshc", x_kv, params["w_v"]).astype(x_kv.dtype)
+    return k, v
+
+
+def attend(params: Params, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Query projection, attention over given keys/values, output projection: (B, T, D) -> (B, T, D).
+
+    The KV cache and cross-attention call this with keys/values computed earlier.
+    """
+    q = einsum_f32("btd,dhk->bthk", x_q, params["w_q"]).astype(x_q.dtype)    # (B, T, H, K)
+    o = scaled_dot_product_attention(q, k, v, mask)                    # (B, T, H, C)
+    return einsum_f32("bthc,hcd->btd", o, params["w_o"]).astype(x_q.dtype)  # (B, T, D)
+
+
+def multi_head_attention(params: Params, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array) -> jax.Array:
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2).
+
+    params {w_q (D, H, K), w_k (D, H, K), w_v (D, H, C), w_o (H, C, D)};
+    x_q (B, T, D), x_kv (B, S, D), mask bool broadcastable to (B, H, T, S).
+    Returns (B, T, D).
+    """
+    return attend(params, x_q, *attention_kv(params, x_kv), mask)
+
+
+def feed_forward(params: Params, x: jax.Array) -> jax.Array:
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2), each product rounded once after its bias.
+
+    params {w_1 (D, F), b_1 (F,), w_2 (F, D), b_2 (D,)}; x (B, L, D) -> (B, L, D).
+    """
+    h = (einsum_f32("bld,df->blf", x, params["w_1"]) + params["b_1"]).astype(x.dtype)   # (B, L, F)
+    h = jax.nn.relu(h)                                                             # exact in any dtype
+    return (einsum_f32("blf,fd->bld", h, params["w_2"]) + params["b_2"]).astype(x.dtype)  # (B, L, D)
+
+
+def layer_norm(params: Params, x: jax.Array, eps: float) -> jax.Array:
+    """LayerNorm over D (Ba et al., 2016): statistics and normalisation in fp32, result rounded to x's dtype.
+
+    params {scale (D,), bias (D,)}; x (..., D) -> (..., D).
+    """
+    x32 = x.astype(F32)
+    mu = x32.mean(axis=-1, keepdims=True)
+    var = jnp.square(x32 - mu).mean(axis=-1, keepdims=True)
+    y = (x32 - mu) / jnp.sqrt(var + eps) * params["scale"].astype(F32) + params["bias"].astype(F32)
+    return y.astype(x.dtype)
+
+
+def sublayer_connection(params: Params, name: str, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
+                        config: Config, rec: Record = None) -> jax.Array:
+    """Residual connection around ``sublayer`` (section 5.4); the residual add is rounded to x's dtype.
+
+    Post-LN (paper): ``LayerNorm(x + Sublayer(x))``; pre-LN (``config.norm_first``):
+    ``x + Sublayer(LayerNorm(x))``. ``params`` is the layer's subtree, whose
+    ``{name}_norm`` is the norm. Records ``name`` (the sublayer's output) and
+    ``{name}.residual``.
+    """
+    norm = params[f"{name}_norm"]
+    if config.norm_first:
+        y = record(rec, name, sublayer(layer_norm(norm, x, config.layer_norm_eps)))
+        out = x + y
+    else:
+        y = record(rec, name, sublayer(x))
+        out = layer_norm(norm, x + y, config.layer_norm_eps)
+    return record(rec, f"{name}.residual", out)
+
+
+def encoder_layer(params: Params, x: jax.Array, mask: jax.Array, config: Config, rec: Record = None,
+                  prefix: str = "") -> jax.Array:
+    """Self-attention then FFN, each in a sublayer connection (section 3.1): (B, S, D) -> (B, S, D).
+
+    mask: key padding mask broadcastable to (B, 1, 1, S). ``prefix`` names the
+    recorded intermediates (e.g. "encoder.layers.0.").
+    """
+    x = sublayer_connection(params, "self_attn", x,
+                            lambda h: multi_head_attention(params["self_attn"], h, h, mask), config,
+                            _scoped(rec, prefix))
+    return sublayer_connection(params, "ffn", x, lambda h: feed_forward(params["ffn"], h), config,
+                               _scoped(rec, prefix))
+
+
+def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Array],
+                  memory_kv: tuple[jax.Array, jax.Array], self_mask: jax.Array, memory_mask: jax.Array,
+                  start: jax.Array | int, config: Config, rec: Record = None, prefix: str = ""
+                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """Masked self-attention with a KV cache, cross-attention, FFN (section 3.1).
+
+    y (B, n, D): the new positions ``start .. start+n-1``. self_kv: this layer's
+    preallocated cache, k (B, P, H, K) and v (B, P, H, C) for capacity P; the new
+    keys/values are written at ``start`` (may be traced). memory_kv: the
+    cross-attention keys/values of the encoder output, computed once per source
+    (``attention_kv``). self_mask broadcastable to (B, 1, n, P) (causal and key
+    padding); memory_mask to (B, 1, 1, S). Returns (y (B, n, D), updated self_kv).
+    """
+    rec = _scoped(rec, prefix)
+    cache = {}
+
+    def self_attn(h):
+        k, v = attention_kv(params["self_attn"], h)                             # (B, n, H, K), (B, n, H, C)
+        cache["kv"] = tuple(lax.dynamic_update_slice_in_dim(c, new, start, axis=1)
+                            for c, new in zip(self_kv, (k, v), strict=True))    # (B, P, H, K|C)
+        return attend(params["self_attn"], h, *cache["kv"], self_mask)
+
+    y = sublayer_connection(params, "self_attn", y, self_attn, config, rec)
+    y = sublayer_connection(params, "cross_attn", y,
+                            lambda h: attend(params["cross_attn"], h, *memory_kv, memory_mask), config, rec)
+    y = sublayer_connection(params, "ffn", y, lambda h: feed_forward(params["ffn"], h), config, rec)
+    return y, cache["kv"]
+
+
+class _Scoped:
+    """A view of a record dict that prefixes every name written to it."""
+
+    def __init__(self, rec: dict, prefix: str):
+        self._rec, self._prefix = rec, prefix
+
+    def __setitem__(self, name: str, x: jax.Array) -> None:
+        self._rec[self._prefix + name] = x
+
+
+def _scoped(rec: Record, prefix: str) -> Record:
+    return rec if rec is None or not prefix else _Scoped(rec, prefix)

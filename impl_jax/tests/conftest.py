@@ -1,0 +1,40 @@
+"""Shared fixtures: a tiny model in each dtype, and token batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import impl_jax
+from spec.config import TINY
+
+
+def _make(dtype: str):
+    c = TINY.replace(dtype=dtype, param_dtype=dtype)
+    return c, impl_jax.init_params(c, 0)
+
+
+def _tokens(c, seed: int, B: int, L: int, bos: bool = False) -> np.ndarray:
+    ids = np.random.default_rng(seed).integers(3, c.vocab_size, (B, L))
+    if bos:
+        ids[:, 0] = c.bos_id
+    return ids
+
+
+@pytest.fixture(scope="session")
+def make():
+    """``make(dtype)``: (config, params) of the tiny preset in ``dtype``."""
+    return _make
+
+
+@pytest.fixture(scope="session")
+def tokens():
+    """``tokens(config, seed, B, L, bos=False)``: random non-special token ids (B, L), optionally after BOS."""
+    return _tokens
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The tiny bf16 model. Tests share its shapes, src (2, 7) and tgt (2, 5), so that each
+    compiled program is compiled once (XLA's compile time dominates these tests)."""
+    return _make("bfloat16")

@@ -22,12 +22,18 @@ result only where the exact value lies within ~2^-16 ulp of a rounding
 boundary; when they do, the changed element is off by one bf16 ulp and the
 flip propagates through later layers like any other rounding error. Its RMS
 error therefore matches the ideal's within sampling noise: RMS_RATIO = 1.5
-leaves room for that noise on tensors of a few hundred elements while a
-backend that rounds once more per sublayer than the contract allows (bf16
-scores, bf16 accumulation, a bf16 residual before LayerNorm's fp32 statistics)
-shows up as a larger RMS error. The maximum over a tensor is dominated by a
-few propagated flips: MAX_RATIO = 4. FLOOR_EPS = 1 covers tensors whose ideal
-error is near zero (a single rounding), where a flip costs one ulp.
+leaves room for that noise on tensors of a few hundred elements. The maximum
+over a tensor is dominated by a few propagated flips: MAX_RATIO = 4.
+FLOOR_EPS = 1 covers tensors whose ideal error is near zero (a single
+rounding), where a flip costs one ulp.
+
+An extra rounding the contract forbids is not always visible at ordinary
+magnitudes: attention scores rounded to bf16 stayed within these bounds on
+every forward case (measured: up to 0.9 of the RMS allowance). The golden set
+therefore holds cases built to expose such roundings (attention scores with a
+common offset; layers alone whose output is fp32, judged in fp32 ulps), and
+the mutation test proves they fail. The bounds are upper bounds only: a
+backend that skips a rounding (more accurate than the contract) passes.
 
 float32. The ideal rounds once per contract point; a real fp32 backend rounds
 at every addition of its reductions (error up to ~log2(n) roundings for a

@@ -13,5 +13,6 @@ class BuildPy(build_py):
         return [m for m in super().find_package_modules(package, package_dir) if m[1] != "setup"]
 
 
+# tensorflow-cpu 2.16 pins ml-dtypes~=0.3.1, which conflicts with the spec's ml_dtypes>=0.4.
 SPEC = (Path(__file__).resolve().parent.parent / "spec").as_uri()
-setup(cmdclass={"build_py": BuildPy}, install_requires=[f"aiayn-spec @ {SPEC}", "tensorflow-cpu>=2.16"])
+setup(cmdclass={"build_py": BuildPy}, install_requires=[f"aiayn-spec @ {SPEC}", "tensorflow-cpu>=2.17"])

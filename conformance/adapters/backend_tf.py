@@ -1,0 +1,108 @@
+"""The TensorFlow backend (``impl_tf``) behind the adapter protocol: NumPy in, NumPy out, public API only."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+import impl_tf
+from spec.config import Config
+
+# fp32 products must be fp32 on GPUs too (spec.numerics rule 8); op determinism keeps runs repeatable.
+tf.config.experimental.enable_tensor_float_32_execution(False)
+tf.config.experimental.enable_op_determinism()
+
+
+def _tensor(x: np.ndarray) -> tf.Tensor:
+    """A layer input: masks stay bool, activations keep their dtype (bf16 via ml_dtypes)."""
+    return tf.constant(x)
+
+
+def _module(model: impl_tf.Transformer, prefix: str):
+    """The layer at a canonical prefix: "decoder.layers.1.cross_attn" -> model.decoder.layers[1].cross_attn."""
+    obj = model
+    for part in prefix.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj
+
+
+class TFModel:
+    def __init__(self, model: impl_tf.Transformer):
+        self.model = model
+        self.config: Config = model.config
+
+    def forward(self, src, tgt_in, intermediates=False):
+        if not intermediates:
+            return self.model.forward(src, tgt_in).numpy(), {}
+        logits, rec = self.model.forward(src, tgt_in, intermediates=True)
+        return logits.numpy(), {name: x.numpy() for name, x in rec.items()}
+
+    def encode(self, src):
+        return self.model.encode(src).numpy()
+
+    def decode_steps(self, src, tgt_in):
+        memory = self.model.encode(src)
+        cache = self.model.init_cache(memory, src, np.shape(tgt_in)[1])
+        steps = []
+        for t in range(np.shape(tgt_in)[1]):
+            logits, cache = self.model.decode(np.asarray(tgt_in)[:, t:t + 1], cache)
+            steps.append(logits.numpy())
+        return np.concatenate(steps, axis=1)
+
+    def greedy(self, src, max_new_tokens=None):
+        return impl_tf.greedy_search(self.model, src, max_new_tokens).numpy()
+
+    def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
+        return impl_tf.beam_search(self.model, src, beam_size, alpha, max_new_tokens).numpy()
+
+    def run_layer(self, layer, prefix, inputs):
+        i = {k: _tensor(v) for k, v in inputs.items()}
+        m = self.model
+        if layer == "positional_encoding":
+            return {"pe": impl_tf.positional_encoding(self.config.max_len, self.config.d_model).numpy()}
+        if layer == "embedding":
+            return {"x": m.embedding(tf.cast(i["ids"], tf.int32)).numpy()}
+        if layer == "scaled_dot_product_attention":
+            return {"out": impl_tf.scaled_dot_product_attention(i["q"], i["k"], i["v"], i["mask"]).numpy()}
+        if layer == "multi_head_attention":
+            return {"out": _module(m, prefix)(i["x_q"], i["x_kv"], i["mask"]).numpy()}
+        if layer == "add_norm":  # the paper's post-LN LayerNorm(x + y) with the norm at prefix
+            return {"out": _module(m, prefix)(impl_tf.residual_add(i["x"], i["y"])).numpy()}
+        if layer == "feed_forward":
+            return {"out": _module(m, prefix)(i["x"]).numpy()}
+        if layer == "encoder_layer":
+            return {"out": _module(m, prefix)(i["x"], i["mask"]).numpy()}
+        if layer == "decoder_layer":
+            return {"out": self._decoder_layer(_module(m, prefix), i)}
+        if layer == "output_projection":
+            return {"logits": m.embedding.logits(i["h"]).numpy()}
+        raise ValueError(f"unknown layer {layer!r}")
+
+    def _decoder_layer(self, layer: impl_tf.DecoderLayer, i: dict[str, tf.Tensor]) -> np.ndarray:
+        """One decoder layer over T tokens from an empty cache of capacity T, with the given masks."""
+        y, c = i["y"], self.config
+        B, T = y.shape[0], y.shape[1]
+        empty = (tf.zeros([B, T, c.n_heads, c.d_k], y.dtype), tf.zeros([B, T, c.n_heads, c.d_v], y.dtype))
+        out, _ = layer(y, empty, 0, i["self_mask"], layer.cross_attn.key_value(i["memory"]), i["memory_mask"])
+        return out.numpy()
+
+    def save(self, path: Path) -> None:
+        impl_tf.save_weights(self.model, path)
+
+
+class TFBackend:
+    name = "tf"
+
+    def load(self, path: Path) -> TFModel:
+        return TFModel(impl_tf.load_weights(path))
+
+    def describe(self) -> str:
+        devices = ", ".join(d.device_type for d in tf.config.list_logical_devices()) or "none"
+        return f"TensorFlow {tf.__version__} (XLA jit_compile), devices: {devices}, {platform.machine()}"
+
+
+def make_backend() -> TFBackend:
+    return TFBackend()

@@ -1,0 +1,155 @@
+"""Greedy and beam search (section 6.1), batched, each a compiled ``tf.while_loop`` over a preallocated KV cache.
+
+Both follow ``spec.search`` step for step: start from ``bos_id``; at most ``limit_b`` tokens for sequence b
+(default its non-pad source length + 50, ``spec.validate.generation_limits``); stop a sequence at ``eos_id``;
+exact ties break toward the lower token id (beam search: the lower flat index ``beam * V + token``), which
+``tf.math.top_k`` guarantees ("if two elements are equal, the lower-index element appears first"). Output
+tokens exclude BOS, include EOS, and rows are right-padded with ``pad_id`` to the longest row.
+
+Cross-attention K/V are computed once per source; each step runs the decoder on one token per row.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from impl_tf.model import IDS, Transformer, as_ids
+from spec import validate
+
+NEG_INF = float("-inf")
+
+
+def _compiled(model: Transformer, key: str, loop, signature) -> tf.types.experimental.PolymorphicFunction:
+    """``loop`` bound to ``model``, compiled once per model and key (traced once per signature)."""
+    if key not in model._loops:
+        model._loops[key] = tf.function(functools.partial(loop, model), input_signature=signature, jit_compile=True)
+    return model._loops[key]
+
+
+def _length_penalty(length: tf.Tensor, alpha: tf.Tensor) -> tf.Tensor:
+    """((5 + |Y|) / 6) ** alpha (Wu et al., 2016) in float64, rounded to float32 as ``spec.search`` does."""
+    return tf.cast(((5.0 + tf.cast(length, tf.float64)) / 6.0) ** alpha, tf.float32)
+
+
+def _log_softmax(logits: tf.Tensor) -> tf.Tensor:
+    """Max-subtracted log-softmax over V, float32."""
+    z = logits - tf.reduce_max(logits, axis=-1, keepdims=True)
+    return z - tf.math.log(tf.reduce_sum(tf.exp(z), axis=-1, keepdims=True))
+
+
+# ----------------------------------------------------------------- greedy
+
+def _greedy_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tensor):
+    """src (B, S), limits (B,), out (B, T_max) pad-filled -> (out, steps taken)."""
+    c = model.config
+    B, T_max = tf.shape(out)[0], tf.shape(out)[1]
+    cache = model.decoder.init_cache(model.encoder(src), src, T_max)
+
+    def step(t, tokens, done, out, cache):
+        logits, cache = model.decoder(tokens[:, None], cache)                    # (B, 1, V)
+        best = tf.math.top_k(logits[:, 0], 1).indices[:, 0]                      # (B,) lowest id among maxima
+        tokens = tf.where(done, c.pad_id, best)
+        out = tf.where(tf.range(T_max)[None, :] == t, tokens[:, None], out)      # out[:, t] = tokens
+        done = done | (tokens == c.eos_id) | (t + 1 >= limits)
+        return t + 1, tokens, done, out, cache
+
+    state = (tf.constant(0), tf.fill([B], c.bos_id), tf.zeros([B], tf.bool), out, cache)
+    t, _, _, out, _ = tf.while_loop(lambda t, _, done, *__: (t < T_max) & ~tf.reduce_all(done), step, state)
+    return out, t
+
+
+def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) -> tf.Tensor:
+    """Greedy decoding: src (B, S) int -> tokens (B, L) int64, L the longest row (EOS included).
+
+    Raises:
+        ValueError: from ``spec.validate.check_source`` and ``generation_limits``, before any computation.
+    """
+    c = model.config
+    validate.check_source(np.asarray(src), c)
+    limits = validate.generation_limits(np.asarray(src), c, max_new_tokens)
+    loop = _compiled(model, "greedy", _greedy_loop, [IDS, tf.TensorSpec([None], tf.int32), IDS])
+    out = tf.fill([len(limits), int(limits.max())], c.pad_id)
+    out, steps = loop(as_ids(src), tf.constant(limits, tf.int32), out)
+    return tf.cast(out[:, :int(steps)], tf.int64)
+
+
+# ----------------------------------------------------------------- beam
+
+def _beam_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tensor, seq: tf.Tensor, *, k: int):
+    """Beam search of width k for each source row; ``seq`` (B, T_max) pad-filled fixes the capacity.
+
+    Returns finished sequences and scores (B, k, T_max), (B, k), the best alive sequence (B, T_max) and the
+    number of steps each row ran (B,).
+    """
+    c, V = model.config, model.config.vocab_size
+    B, T_max = tf.shape(seq)[0], tf.shape(seq)[1]
+    cache = model.decoder.init_cache(model.encoder(src), src, T_max)
+    cache = cache.select(tf.repeat(tf.range(B), k))                        # (B k) rows: source b at b*k..b*k+k-1
+    max_lp = _length_penalty(limits, alpha)                                  # (B,)
+    state = dict(
+        t=tf.constant(1), tokens=tf.fill([B * k], c.bos_id), active=tf.ones([B], tf.bool),
+        steps=tf.zeros([B], tf.int32),
+        alive_seq=tf.tile(seq[:, None], [1, k, 1]), alive_lp=tf.tile([[0.0] + [NEG_INF] * (k - 1)], [B, 1]),
+        fin_seq=tf.tile(seq[:, None], [1, k, 1]), fin_score=tf.fill([B, k], NEG_INF), cache=cache)
+
+    def step(s):
+        logits, cache = model.decoder(s["tokens"][:, None], s["cache"])                      # (B k, 1, V)
+        cand = s["alive_lp"][:, :, None] + tf.reshape(_log_softmax(logits[:, 0]), [B, k, V])  # (B, k, V)
+        cand, top = tf.math.top_k(tf.reshape(cand, [B, k * V]), 2 * k)                       # (B, 2k) lower index first
+        beam, tok = top // V, top % V
+        seq = tf.gather(s["alive_seq"], beam, batch_dims=1)                                  # (B, 2k, T_max)
+        seq = tf.where(tf.range(T_max) == s["t"] - 1, tok[:, :, None], seq)                  # seq[..., t-1] = tok
+        is_eos = tok == c.eos_id
+
+        alive_lp, alive = tf.math.top_k(tf.where(is_eos, NEG_INF, cand), k)                 # (B, k)
+        rows = tf.reshape(tf.range(B)[:, None] * k + tf.gather(beam, alive, batch_dims=1), [-1])
+        new_score = tf.where(is_eos, cand / _length_penalty(s["t"], alpha), NEG_INF)        # (B, 2k)
+        fin_score, keep = tf.math.top_k(tf.concat([s["fin_score"], new_score], 1), k)       # old before new on ties
+        fin_seq = tf.gather(tf.concat([s["fin_seq"], seq], 1), keep, batch_dims=1)
+
+        stop = (s["t"] >= limits) | (tf.reduce_min(fin_score, 1) >= tf.reduce_max(alive_lp, 1) / max_lp)
+        on = s["active"]
+        keep_on = lambda new, old: tf.where(tf.reshape(on, [-1] + [1] * (new.shape.rank - 1)), new, old)  # noqa: E731
+        return dict(t=s["t"] + 1, tokens=tf.reshape(tf.gather(tok, alive, batch_dims=1), [-1]), active=on & ~stop,
+                    steps=tf.where(on, s["t"], s["steps"]),
+                    alive_seq=keep_on(tf.gather(seq, alive, batch_dims=1), s["alive_seq"]),
+                    alive_lp=keep_on(alive_lp, s["alive_lp"]), fin_seq=keep_on(fin_seq, s["fin_seq"]),
+                    fin_score=keep_on(fin_score, s["fin_score"]), cache=cache.select(rows, memory=False))
+
+    s = tf.while_loop(lambda s: (s["t"] <= T_max) & tf.reduce_any(s["active"]), lambda s: (step(s),), (state,))[0]
+    return s["fin_seq"], s["fin_score"], s["alive_seq"][:, 0], s["steps"]
+
+
+def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
+                max_new_tokens: int | None = None) -> tf.Tensor:
+    """Beam search (``spec.search``; paper: beam 4, alpha 0.6): src (B, S) int -> tokens (B, L) int64.
+
+    Each row is the best finished hypothesis by ``log P / ((5 + |Y|) / 6) ** alpha``, or, if none finished,
+    the best alive one; L is the longest row.
+
+    Raises:
+        ValueError: from ``spec.validate.check_source``, ``check_beam`` and ``generation_limits``, before any
+            computation.
+    """
+    c = model.config
+    validate.check_source(np.asarray(src), c)
+    validate.check_beam(beam_size, alpha)
+    limits = validate.generation_limits(np.asarray(src), c, max_new_tokens)
+    signature = [IDS, tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float64), IDS]
+    loop = _compiled(model, f"beam_{beam_size}", functools.partial(_beam_loop, k=beam_size), signature)
+    seq = tf.fill([len(limits), int(limits.max())], c.pad_id)
+    fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(
+        as_ids(src), tf.constant(limits, tf.int32), tf.constant(alpha, tf.float64), seq))
+    rows = []
+    for b in range(len(limits)):
+        if np.isfinite(fin_score[b, 0]):
+            rows.append(fin_seq[b, 0, :np.flatnonzero(fin_seq[b, 0] == c.eos_id)[0] + 1])
+        else:
+            rows.append(alive_seq[b, :steps[b]])
+    out = np.full((len(rows), max(len(r) for r in rows)), c.pad_id, np.int64)
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = r
+    return tf.constant(out)

@@ -1,0 +1,269 @@
+"""The Transformer's parts as tf.Modules (Vaswani et al., 2017, section 3), under the numerics of ``spec.numerics``.
+
+Every tf.Variable is named by its canonical parameter name (``spec.schema``), e.g.
+``encoder.layers.0.self_attn.w_q``, and every module keeps that prefix in ``path``.
+
+Products with a weight take bf16 operands, accumulate in fp32 and round once after the bias (``_tensordot``).
+Measured on x86-64 CPU, TF 2.21, a (256, 512) . (512, 512) bf16 product against float64: the eager bf16
+``tf.matmul`` differs from round-once on 50% of elements (max error 2x the ideal's), so it is not used.
+Under XLA, ``tf.matmul(..., output_type=tf.float32)`` on bf16 operands is a dot with an fp32 accumulator
+and output (round-once on all but 0.01% of elements, as fp32 summation order allows); for a decode-step
+product (4, 512) . (512, 37000) it is 7x faster than upcasting the operands first, which converts the whole
+weight matrix on every call. Eager TensorFlow has no kernel for it, so eagerly the operands are upcast to
+fp32 (same result, slower). Layers therefore run eagerly or inside ``tf.function(jit_compile=True)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from spec.config import Config
+from spec.numerics import MASKED_SCORE
+
+Record = dict[str, tf.Tensor] | None
+
+
+def _record(rec: Record, name: str, x: tf.Tensor) -> tf.Tensor:
+    if rec is not None:
+        rec[name] = x
+    return x
+
+
+def _matmul_fp32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tensor:
+    """``a @ b`` (batch dims broadcast) with an fp32 accumulator, returned in fp32 (module docstring)."""
+    if a.dtype == tf.float32 or tf.executing_eagerly():
+        return tf.matmul(tf.cast(a, tf.float32), tf.cast(b, tf.float32), transpose_b=transpose_b)
+    return tf.matmul(a, b, transpose_b=transpose_b, output_type=tf.float32)  # needs jit_compile=True
+
+
+def _tensordot(x: tf.Tensor, w: tf.Tensor, axes: int = 1, bias: tf.Tensor | None = None) -> tf.Tensor:
+    """The last ``axes`` axes of x contracted with the first of w, plus bias: fp32 accumulator, rounded once.
+
+    x (..., N1..Na), w (N1..Na, M1..Mb) -> (..., M1..Mb) in x's dtype, like ``np.tensordot(x, w, axes)``.
+    """
+    batch = tf.shape(x)[:-axes]
+    y = _matmul_fp32(tf.reshape(x, tf.concat([batch, [-1]], 0)), tf.reshape(w, [math.prod(w.shape[:axes]), -1]))
+    if bias is not None:
+        y += tf.cast(bias, tf.float32)
+    return tf.cast(tf.reshape(y, tf.concat([batch, w.shape[axes:]], 0)), x.dtype)
+
+
+def _variable(params: dict[str, np.ndarray], name: str) -> tf.Variable:
+    """The canonical parameter ``name`` as a tf.Variable of its stored dtype, named after it."""
+    return tf.Variable(params[name], name=name, trainable=True)
+
+
+# ----------------------------------------------------------------- embedding
+
+def positional_encoding(length: int, d_model: int) -> tf.Tensor:
+    """Sinusoidal table (length, D) float32 (section 3.5), interleaved, positions from 0.
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``; computed in float64 and
+    rounded to float32 once, so the table is the exact one rounded.
+    """
+    pos = tf.range(length, dtype=tf.float64)[:, None]             # (L, 1)
+    two_i = tf.range(0, d_model, 2, dtype=tf.float64)[None, :]    # (1, D/2)
+    angle = pos / 10000.0 ** (two_i / d_model)                    # (L, D/2)
+    pe = tf.stack([tf.sin(angle), tf.cos(angle)], axis=-1)        # (L, D/2, 2): sin, cos interleaved
+    return tf.cast(tf.reshape(pe, [length, d_model]), tf.float32)
+
+
+class Embedding(tf.Module):
+    """``E[ids] * sqrt(D) + PE`` (section 3.4, 3.5), shared by source, target and the output projection."""
+
+    def __init__(self, c: Config, params: dict[str, np.ndarray]):
+        super().__init__(name="embedding")
+        self.path = "embedding"
+        self.embedding = _variable(params, "embedding")                   # (V, D)
+        self.pe = positional_encoding(c.max_len, c.d_model)               # (max_len, D) fp32
+        self.scale = tf.constant(math.sqrt(c.d_model), tf.float32)
+
+    def __call__(self, ids: tf.Tensor, start: tf.Tensor | int = 0) -> tf.Tensor:
+        """ids (B, L) int at positions ``start...`` -> (B, L, D), fp32 sum rounded once to the activation dtype."""
+        x = tf.cast(tf.gather(self.embedding, ids), tf.float32) * self.scale    # (B, L, D) fp32
+        pe = tf.gather(self.pe, start + tf.range(tf.shape(ids)[1]))              # (L, D) fp32
+        return tf.cast(x + pe, self.embedding.dtype)
+
+    def logits(self, h: tf.Tensor) -> tf.Tensor:
+        """Tied output projection ``h E^T`` (section 3.4): (B, n, D) -> (B, n, V) float32, never rounded."""
+        return _matmul_fp32(h, self.embedding, transpose_b=True)                  # (B, n, V)
+
+
+# ----------------------------------------------------------------- attention
+
+def scaled_dot_product_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+    """softmax(Q K^T / sqrt(d_k)) V (equation 1).
+
+    q (B, T, H, K), k (B, S, H, K), v (B, S, H, C) in the activation dtype; mask bool broadcastable to
+    (B, H, T, S), True = may attend. Returns (B, T, H, C) in q's dtype. Scores, masking and the
+    max-subtracted softmax are fp32; masked keys get ``MASKED_SCORE`` (finite, so a fully masked row stays
+    finite); probabilities are rounded to the activation dtype before ``P V``.
+
+    TensorFlow has no fused attention kernel outside Keras; under ``jit_compile`` XLA fuses this plain path.
+    """
+    scale = tf.constant(1.0 / math.sqrt(q.shape[-1]), tf.float32)
+    scores = tf.einsum("bthk,bshk->bhts", tf.cast(q, tf.float32), tf.cast(k, tf.float32)) * scale  # (B, H, T, S)
+    scores = tf.where(mask, scores, MASKED_SCORE)
+    e = tf.exp(scores - tf.reduce_max(scores, axis=-1, keepdims=True))
+    probs = tf.cast(e / tf.reduce_sum(e, axis=-1, keepdims=True), q.dtype)                         # (B, H, T, S)
+    out = tf.einsum("bhts,bshc->bthc", tf.cast(probs, tf.float32), tf.cast(v, tf.float32))         # (B, T, H, C)
+    return tf.cast(out, q.dtype)
+
+
+class MultiHeadAttention(tf.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2), no biases.
+
+    Variables ``w_q``, ``w_k`` (D, H, K), ``w_v`` (D, H, C), ``w_o`` (H, C, D).
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], path: str):
+        super().__init__(name="multi_head_attention")
+        self.path = path
+        self.w_q, self.w_k = _variable(params, f"{path}.w_q"), _variable(params, f"{path}.w_k")    # (D, H, K)
+        self.w_v, self.w_o = _variable(params, f"{path}.w_v"), _variable(params, f"{path}.w_o")  # (D, H, C), (H, C, D)
+
+    def key_value(self, x_kv: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Key and value projections: (B, S, D) -> k (B, S, H, K), v (B, S, H, C)."""
+        return _tensordot(x_kv, self.w_k), _tensordot(x_kv, self.w_v)
+
+    def attend(self, x_q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        """Query projection, attention over projected (k, v), output projection: (B, T, D) -> (B, T, D)."""
+        q = _tensordot(x_q, self.w_q)                                     # (B, T, H, K)
+        o = scaled_dot_product_attention(q, k, v, mask)                   # (B, T, H, C)
+        return _tensordot(o, self.w_o, axes=2)                            # (B, T, D)
+
+    def __call__(self, x_q: tf.Tensor, x_kv: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+        """x_q (B, T, D) attends over x_kv (B, S, D) under mask (B, 1, T|1, S) -> (B, T, D)."""
+        return self.attend(x_q, *self.key_value(x_kv), mask)
+
+
+# ----------------------------------------------------------------- FFN, norm, residual
+
+class FeedForward(tf.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2): (B, L, D) -> (B, L, D), hidden (B, L, F)."""
+
+    def __init__(self, params: dict[str, np.ndarray], path: str):
+        super().__init__(name="feed_forward")
+        self.path = path
+        self.w_1, self.b_1 = _variable(params, f"{path}.w_1"), _variable(params, f"{path}.b_1")    # (D, F), (F,)
+        self.w_2, self.b_2 = _variable(params, f"{path}.w_2"), _variable(params, f"{path}.b_2")    # (F, D), (D,)
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        h = tf.nn.relu(_tensordot(x, self.w_1, bias=self.b_1))           # (B, L, F)
+        return _tensordot(h, self.w_2, bias=self.b_2)                    # (B, L, D)
+
+
+class LayerNorm(tf.Module):
+    """LayerNorm over D (Ba et al., 2016) with ``scale`` and ``bias``: statistics in fp32, result rounded once."""
+
+    def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
+        super().__init__(name="layer_norm")
+        self.path = path
+        self.eps = c.layer_norm_eps
+        self.scale, self.bias = _variable(params, f"{path}.scale"), _variable(params, f"{path}.bias")
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        """(..., D) -> (..., D) in x's dtype."""
+        x32 = tf.cast(x, tf.float32)
+        mu = tf.reduce_mean(x32, axis=-1, keepdims=True)
+        var = tf.reduce_mean(tf.square(x32 - mu), axis=-1, keepdims=True)
+        y = (x32 - mu) / tf.sqrt(var + self.eps) * tf.cast(self.scale, tf.float32) + tf.cast(self.bias, tf.float32)
+        return tf.cast(y, x.dtype)
+
+
+def residual_add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    """``x + y`` of two activations, rounded once to their dtype (contract rule 5)."""
+    return tf.cast(tf.cast(x, tf.float32) + tf.cast(y, tf.float32), x.dtype)
+
+
+class SublayerConnection(tf.Module):
+    """Residual connection around a sublayer (section 5.4), recorded as ``path`` and ``path.residual``.
+
+    Post-LN (paper): ``LayerNorm(x + Sublayer(x))``; pre-LN (``config.norm_first``): ``x + Sublayer(LayerNorm(x))``.
+    """
+
+    def __init__(self, norm: LayerNorm, norm_first: bool, path: str):
+        super().__init__(name="sublayer_connection")
+        self.norm, self.norm_first, self.path = norm, norm_first, path
+
+    def __call__(self, x: tf.Tensor, sublayer: Callable[[tf.Tensor], tf.Tensor], rec: Record = None) -> tf.Tensor:
+        """x (B, L, D) -> (B, L, D)."""
+        if self.norm_first:
+            y = _record(rec, self.path, sublayer(self.norm(x)))
+            out = residual_add(x, y)
+        else:
+            y = _record(rec, self.path, sublayer(x))
+            out = self.norm(residual_add(x, y))
+        return _record(rec, f"{self.path}.residual", out)
+
+
+# ----------------------------------------------------------------- layers
+
+class EncoderLayer(tf.Module):
+    """Self-attention then FFN, each in a sublayer connection (section 3.1): (B, S, D) -> (B, S, D)."""
+
+    def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
+        super().__init__(name="encoder_layer")
+        self.path = path
+        self.self_attn = MultiHeadAttention(params, f"{path}.self_attn")
+        self.self_attn_norm = LayerNorm(c, params, f"{path}.self_attn_norm")
+        self.ffn = FeedForward(params, f"{path}.ffn")
+        self.ffn_norm = LayerNorm(c, params, f"{path}.ffn_norm")
+        self.self_attn_sublayer = SublayerConnection(self.self_attn_norm, c.norm_first, f"{path}.self_attn")
+        self.ffn_sublayer = SublayerConnection(self.ffn_norm, c.norm_first, f"{path}.ffn")
+
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor, rec: Record = None) -> tf.Tensor:
+        """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D)."""
+        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, h, mask), rec)
+        return self.ffn_sublayer(x, self.ffn, rec)
+
+
+def write_kv(cache: tf.Tensor, new: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
+    """Write ``new`` (B, n, ...) into a preallocated ``cache`` (B, T_max, ...) at positions ``start...start+n-1``."""
+    B, n = tf.shape(new)[0], tf.shape(new)[1]
+    b = tf.broadcast_to(tf.range(B)[:, None], [B, n])                       # (B, n)
+    t = tf.broadcast_to(start + tf.range(n)[None, :], [B, n])               # (B, n)
+    return tf.tensor_scatter_nd_update(cache, tf.stack([b, t], axis=-1), new)
+
+
+class DecoderLayer(tf.Module):
+    """Masked self-attention with a KV cache, cross-attention, FFN (section 3.1): (B, n, D) -> (B, n, D)."""
+
+    def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
+        super().__init__(name="decoder_layer")
+        self.path = path
+        self.self_attn = MultiHeadAttention(params, f"{path}.self_attn")
+        self.self_attn_norm = LayerNorm(c, params, f"{path}.self_attn_norm")
+        self.cross_attn = MultiHeadAttention(params, f"{path}.cross_attn")
+        self.cross_attn_norm = LayerNorm(c, params, f"{path}.cross_attn_norm")
+        self.ffn = FeedForward(params, f"{path}.ffn")
+        self.ffn_norm = LayerNorm(c, params, f"{path}.ffn_norm")
+        self.self_attn_sublayer = SublayerConnection(self.self_attn_norm, c.norm_first, f"{path}.self_attn")
+        self.cross_attn_sublayer = SublayerConnection(self.cross_attn_norm, c.norm_first, f"{path}.cross_attn")
+        self.ffn_sublayer = SublayerConnection(self.ffn_norm, c.norm_first, f"{path}.ffn")
+
+    def __call__(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], start: tf.Tensor, self_mask: tf.Tensor,
+                 memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor,
+                 rec: Record = None) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
+        """n new tokens at positions ``start...`` against this layer's cache.
+
+        y (B, n, D); self_kv: preallocated (k (B, T_max, H, K), v (B, T_max, H, C)) holding positions
+        < start; self_mask (B, 1, n, T_max) (causal and key padding, False beyond the written positions);
+        memory_kv: cross-attention (k (B, S, H, K), v (B, S, H, C)), computed once per source; memory_mask
+        (B, 1, 1, S). Returns (B, n, D) and self_kv with the new keys/values written at ``start...``.
+        """
+        new_kv = []
+
+        def self_attn(h):
+            k, v = self.self_attn.key_value(h)                                       # (B, n, H, K), (B, n, H, C)
+            new_kv.extend(write_kv(cache, new, start) for cache, new in zip(self_kv, (k, v), strict=True))
+            return self.self_attn.attend(h, *new_kv, self_mask)
+
+        y = self.self_attn_sublayer(y, self_attn, rec)
+        y = self.cross_attn_sublayer(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask), rec)
+        y = self.ffn_sublayer(y, self.ffn, rec)
+        return y, tuple(new_kv)

@@ -1,0 +1,68 @@
+"""Layers alone, eagerly: the contract's rounding points, masks, and the positional table."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import impl_tf
+from impl_tf.layers import _tensordot
+from spec import reference as ref
+from spec.numerics import Numerics
+
+BF16 = ml_dtypes.bfloat16
+
+
+def test_positional_encoding_is_the_exact_table_rounded_to_fp32():
+    pe = impl_tf.positional_encoding(50, 32).numpy()
+    assert pe.dtype == np.float32
+    np.testing.assert_array_equal(pe, ref.positional_encoding(50, 32).astype(np.float32))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+def test_product_rounds_once_after_the_bias(compiled):
+    """bf16 operands, fp32 accumulation, one rounding: the float64 result rounded via fp32, eagerly and in XLA."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 9, 256)).astype(BF16)
+    w = rng.standard_normal((256, 40)).astype(BF16)
+    b = rng.standard_normal(40).astype(BF16)
+    product = lambda x, w, b: _tensordot(x, w, bias=b)  # noqa: E731
+    got = (tf.function(product, jit_compile=True) if compiled else product)(*map(tf.constant, (x, w, b))).numpy()
+    exact = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    ideal = exact.astype(np.float32).astype(BF16)
+    assert got.dtype == BF16
+    # fp32 summation order may move a value lying within ~2^-16 ulp of a bf16 rounding boundary.
+    assert np.mean(got != ideal) < 1e-3
+    assert np.abs(got.astype(np.float64) - exact).max() <= np.abs(ideal.astype(np.float64) - exact).max() * 1.01
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), T=st.integers(1, 5), S=st.integers(1, 7))
+def test_masked_keys_get_zero_weight(seed, T, S):
+    """Changing the values of masked keys changes nothing; a fully masked query row stays finite."""
+    rng = np.random.default_rng(seed)
+    q, k = (rng.standard_normal((2, n, 3, 4)).astype(BF16) for n in (T, S))
+    v = rng.standard_normal((2, S, 3, 5)).astype(BF16)
+    mask = rng.random((2, 1, T, S)) < 0.6
+    mask[1, 0, 0] = False  # one fully masked row
+    v2 = np.where(mask.any(axis=(1, 2))[:, :, None, None], v, v + BF16(3.0)).astype(BF16)
+    a = impl_tf.scaled_dot_product_attention(q, k, v, mask).numpy()
+    b = impl_tf.scaled_dot_product_attention(q, k, v2, mask).numpy()
+    assert a.shape == (2, T, 3, 5) and a.dtype == BF16
+    assert np.isfinite(a.astype(np.float32)).all()
+    rows = mask[:, 0].any(axis=-1)  # (B, T): queries with at least one key
+    np.testing.assert_array_equal(a[rows], b[rows])
+
+
+def test_layer_norm_statistics_in_fp32(model):
+    """LayerNorm of a bf16 input whose mean dwarfs its spread: fp32 statistics keep the spread."""
+    norm = model.encoder.layers[0].ffn_norm
+    x = (256.0 + np.arange(32) % 4).astype(BF16)[None, None]
+    got = norm(tf.constant(x)).numpy().astype(np.float64)
+    p = {f"n.{k}": v.numpy().astype(np.float64) for k, v in (("scale", norm.scale), ("bias", norm.bias))}
+    want = ref.layer_norm(p, "n", x.astype(np.float64), norm.eps, Numerics("bfloat16"))
+    np.testing.assert_array_equal(got, want)

@@ -32,6 +32,44 @@ from spec.schema import param_specs
 Ids = Tensor | np.ndarray
 
 
+@dataclasses.dataclass
+class KVCache:
+    """Decoder state: cross-attention K/V computed once per source, self-attention K/V written per step.
+
+    memory_kv[l]: (k (B, H, S, K), v (B, H, S, C)); memory_mask (B, 1, 1, S) bool;
+    self_kv[l]: (k (B, H, N, K), v (B, H, N, C)), preallocated for N = ``capacity`` positions;
+    key_mask (B, N) bool, True = not padding; ``length`` positions are filled.
+    """
+
+    memory_kv: list[tuple[Tensor, Tensor]]
+    memory_mask: Tensor
+    self_kv: list[tuple[Tensor, Tensor]]
+    key_mask: Tensor
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.key_mask.shape[1]
+
+    def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store keys/values of positions start..start+n-1 of ``layer``; return those of positions 0..start+n-1."""
+        end = start + k.shape[2]
+        ck, cv = self.self_kv[layer]
+        ck[:, :, start:end], cv[:, :, start:end] = k, v
+        return ck[:, :, :end], cv[:, :, :end]
+
+    def select(self, rows: Tensor) -> None:
+        """Reorder the self-attention state to batch rows ``rows`` (B,), in place (beam search).
+
+        Cross-attention K/V and the memory mask are left as they are: ``rows`` must map each row to a row of the
+        same source, as beam reordering does, so the work is proportional to the filled prefix only.
+        """
+        n = self.length
+        for ck, cv in self.self_kv:
+            ck[:, :, :n], cv[:, :, :n] = ck[rows, :, :n], cv[rows, :, :n]
+        self.key_mask[:, :n] = self.key_mask[rows, :n]
+
+
 def host_ids(ids: Ids) -> np.ndarray:
     """A NumPy host copy of token ids, for ``spec.validate`` (dtype kept, so a float array is reported)."""
     if isinstance(ids, Tensor):
@@ -101,44 +139,6 @@ def _merge(record: Record, prefix: str, rec: Record, out: Tensor) -> Tensor:
         record.update({f"{prefix}.{k}": v for k, v in rec.items()})
         record[f"{prefix}.out"] = out
     return out
-
-
-@dataclasses.dataclass
-class KVCache:
-    """Decoder state: cross-attention K/V computed once per source, self-attention K/V written per step.
-
-    memory_kv[l]: (k (B, H, S, K), v (B, H, S, C)); memory_mask (B, 1, 1, S) bool;
-    self_kv[l]: (k (B, H, N, K), v (B, H, N, C)), preallocated for N = ``capacity`` positions;
-    key_mask (B, N) bool, True = not padding; ``length`` positions are filled.
-    """
-
-    memory_kv: list[tuple[Tensor, Tensor]]
-    memory_mask: Tensor
-    self_kv: list[tuple[Tensor, Tensor]]
-    key_mask: Tensor
-    length: int = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.key_mask.shape[1]
-
-    def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store keys/values of positions start..start+n-1 of ``layer``; return those of positions 0..start+n-1."""
-        end = start + k.shape[2]
-        ck, cv = self.self_kv[layer]
-        ck[:, :, start:end], cv[:, :, start:end] = k, v
-        return ck[:, :, :end], cv[:, :, :end]
-
-    def select(self, rows: Tensor) -> None:
-        """Reorder the self-attention state to batch rows ``rows`` (B,), in place (beam search).
-
-        Cross-attention K/V and the memory mask are left as they are: ``rows`` must map each row to a row of the
-        same source, as beam reordering does, so the work is proportional to the filled prefix only.
-        """
-        n = self.length
-        for ck, cv in self.self_kv:
-            ck[:, :, :n], cv[:, :, :n] = ck[rows, :, :n], cv[rows, :, :n]
-        self.key_mask[:, :n] = self.key_mask[rows, :n]
 
 
 class Transformer(nn.Module):

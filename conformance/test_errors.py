@@ -75,11 +75,55 @@ def test_bad_source_other_entry_points(bad, entry, model_for):
     (lambda m, s: m.beam(s, max_new_tokens=-2), r"max_new_tokens must be a positive int"),
     (lambda m, s: m.greedy(s, max_new_tokens=10_000), r"generation may need 10000 target positions but max_len"),
     (lambda m, s: m.beam(s, beam_size=0), r"beam_size must be a positive int"),
-    (lambda m, s: m.beam(s, alpha=-0.5), r"alpha must be a float >= 0"),
+    (lambda m, s: m.beam(s, alpha=-0.5), r"alpha must be a finite float >= 0"),
+    (lambda m, s: m.beam(s, alpha=float("nan")), r"alpha must be a finite float >= 0"),
+    (lambda m, s: m.beam(s, alpha=True), r"alpha must be a finite float >= 0"),
+    (lambda m, s: m.beam(s, alpha=1e6), r"alpha=1000000.0 makes the length penalty .* overflow float32"),
+    (lambda m, s: m.beam(s, beam_size=2.0), r"beam_size must be a positive int, got 2.0"),
+    (lambda m, s: m.greedy(s, max_new_tokens=True), r"max_new_tokens must be a positive int, got True"),
+    (lambda m, s: m.greedy(s, max_new_tokens=np.float64(3)), r"max_new_tokens must be a positive int"),
     (lambda m, s: m.greedy(np.ones((1, 30), np.int64)), r"generation may need 80 target positions but max_len is 64"),
 ], ids=["greedy_max_new_tokens_0", "beam_max_new_tokens_negative", "max_new_tokens_over_max_len", "beam_size_0",
-        "alpha_negative", "default_limit_over_max_len"])
+        "alpha_negative", "alpha_nan", "alpha_bool", "alpha_overflows_length_penalty", "beam_size_float",
+        "max_new_tokens_bool", "max_new_tokens_numpy_float", "default_limit_over_max_len"])
 def test_bad_generation_arguments(call, pattern, model_for):
     case = _case()
     with pytest.raises(ValueError, match=pattern):
         call(model_for(case), case.inputs["src"])
+
+
+@pytest.mark.parametrize("capacity, chunks, pattern", [
+    (2.5, None, r"capacity must be an int in \[1, max_len=64\], got 2.5"),
+    (True, None, r"capacity must be an int in \[1, max_len=64\], got True"),
+    (0, None, r"capacity must be an int in \[1, max_len=64\], got 0"),
+    (65, None, r"capacity must be an int in \[1, max_len=64\], got 65"),
+    (4, [2, 2, 2, 3], r"tokens: 2 new positions after 4 exceed the cache capacity 4"),
+], ids=["capacity_float", "capacity_bool", "capacity_0", "capacity_over_max_len", "decode_past_capacity"])
+def test_bad_kv_cache_arguments(capacity, chunks, pattern, model_for):
+    case = _case()
+    with pytest.raises(ValueError, match=pattern):
+        model_for(case).decode_steps(*_good(case), chunks=chunks, capacity=capacity)
+
+
+def test_numpy_integer_arguments_accepted(model_for):
+    """NumPy integers count as ints (``spec.validate.is_int``): the same tokens as Python ints."""
+    case = _case()
+    model, src = model_for(case), case.inputs["src"]
+    np.testing.assert_array_equal(model.greedy(src, np.int64(5)), model.greedy(src, 5))
+    np.testing.assert_array_equal(model.beam(src, np.int32(2), np.float32(0.5), np.int64(5)),
+                                  model.beam(src, 2, float(np.float32(0.5)), 5))
+    logits = model.decode_steps(*_good(case), chunks=[np.int64(9)], capacity=np.int64(12))
+    assert logits.shape[:2] == case.inputs["tgt_in"].shape
+
+
+def test_negative_stride_ids_accepted(model_for):
+    """Valid ids in any memory layout (a reversed view has negative strides) give the contiguous copy's result."""
+    case = _case()
+    src, tgt_in = _good(case)
+    model = model_for(case)
+    view_src, view_tgt = src[::-1], tgt_in[::-1]
+    assert view_src.strides[0] < 0
+    got, _ = model.forward(view_src, view_tgt)
+    want, _ = model.forward(np.ascontiguousarray(view_src), np.ascontiguousarray(view_tgt))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(model.greedy(view_src, 4), model.greedy(np.ascontiguousarray(view_src), 4))

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from conformance import golden as G
-from spec import shapes, tolerance
-from spec.numerics import np_dtype
+from spec import golden_cases, shapes, tolerance
+from spec import reference as ref
+from spec.numerics import Numerics, np_dtype
 from spec.validate import generation_limits
 
 DTYPES = ("bfloat16", "float32")
@@ -127,6 +128,56 @@ def test_kv_cache_matches_full_recomputation(dtype, model_for):
     _close(steps[valid], full[valid], _tol(case), "cached decoding vs full forward")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunked_decoding_matches_full_forward(dtype, model_for):
+    """Several tokens per ``decode`` call, into a cache with room to spare, give the full forward's logits."""
+    case = _case(dtype)
+    src, tgt_in = case.inputs["src"], case.inputs["tgt_in"]
+    T = tgt_in.shape[1]
+    model = model_for(case)
+    full, _ = model.forward(src, tgt_in)
+    steps = model.decode_steps(src, tgt_in, chunks=[3, 1, T - 4], capacity=T + 5)
+    valid = tgt_in != case.config.pad_id
+    _close(steps[valid], full[valid], _tol(case), "decoding in chunks of 3, 1 and the rest vs full forward")
+
+
+def _row_ends(row: np.ndarray, limit: int, eos_id: int) -> int:
+    eos = np.flatnonzero(row == eos_id)
+    return eos[0] + 1 if eos.size else limit
+
+
+def _special_tokens_favoured(case: G.Case) -> tuple:
+    """The case's weights changed so that the unrestricted argmax is pad or BOS at (nearly) every step:
+    the last LayerNorm's bias gets a large component along u, and E[pad], E[bos] point along u."""
+    c, params = golden_cases.case_params(case.meta)
+    params = {k: v.copy() for k, v in params.items()}
+    dt = params["embedding"].dtype
+    u = np.random.default_rng(0).standard_normal(c.d_model)
+    u /= np.linalg.norm(u)
+    last = f"decoder.layers.{c.n_decoder_layers - 1}.ffn_norm.bias"
+    params[last] = (params[last].astype(np.float64) + 8.0 * u).astype(dt)
+    params["embedding"][c.pad_id] = (3.0 * u).astype(dt)
+    params["embedding"][c.bos_id] = (2.5 * u).astype(dt)
+    return c, params
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_pad_and_bos_never_generated(kind, load_model):
+    """Search never emits pad or BOS (``spec.search.forbid_special``), even where the model favours them most."""
+    case = next(c for c in G.cases("greedy") if c.config.dtype == "float32")
+    c, params = _special_tokens_favoured(case)
+    src = case.inputs["src"]
+    exact = ref.as_float64(params, c)
+    logits = ref.forward(exact, src, np.full((len(src), 1), c.bos_id), c, Numerics("exact"))
+    assert (logits[:, 0].argmax(-1) == c.pad_id).all(), "the test model does not favour pad at the first step"
+    model = load_model(c, params)
+    out = model.greedy(src, 12) if kind == "greedy" else model.beam(src, 3, 0.6, 12)
+    for b, row in enumerate(out):
+        end = _row_ends(row, 12, c.eos_id)
+        bad = sorted({int(t) for t in row[:end]} & {c.pad_id, c.bos_id})
+        assert not bad, f"row {b} generated {bad} (pad_id={c.pad_id}, bos_id={c.bos_id}): {row.tolist()}"
+
+
 @pytest.mark.parametrize("kind", ["greedy", "beam"])
 def test_generation_output_form(kind, model_for):
     """Tokens stop at EOS (then only padding) and respect each sequence's limit."""
@@ -137,7 +188,6 @@ def test_generation_output_form(kind, model_for):
     limits = generation_limits(src, c, None)
     assert out.ndim == 2 and out.shape[0] == src.shape[0] and np.issubdtype(out.dtype, np.integer)
     for b, row in enumerate(out):
-        eos = np.flatnonzero(row == c.eos_id)
-        end = eos[0] + 1 if eos.size else limits[b]
+        end = _row_ends(row, limits[b], c.eos_id)
         assert end <= limits[b], f"row {b}: {end} tokens, limit {limits[b]}"
         assert (row[end:] == c.pad_id).all(), f"row {b}: tokens after the end are not padding"

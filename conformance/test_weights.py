@@ -73,3 +73,14 @@ def test_truncated_weights_file(backend, tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"cut\.safetensors"):
         backend.load(tmp_path / "cut.safetensors")
+
+
+@pytest.mark.parametrize("metadata, pattern", [
+    ({"config": "{not json"}, r"bad\.safetensors: the 'config' metadata is not valid JSON"),
+    ({"config": "[1, 2]"}, r"bad\.safetensors: the 'config' metadata is not a JSON object"),
+    ({"config": '{"vocab_size": 61}'}, r"bad\.safetensors: invalid config in the metadata"),
+], ids=["config_not_json", "config_not_an_object", "config_incomplete"])
+def test_bad_config_metadata(metadata, pattern, backend, tmp_path):
+    safetensors.numpy.save_file(init_params(TINY, 0), str(tmp_path / "bad.safetensors"), metadata=metadata)
+    with pytest.raises(ValueError, match=pattern):
+        backend.load(tmp_path / "bad.safetensors")

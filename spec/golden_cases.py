@@ -210,7 +210,7 @@ def _layer_case(w: _Writer, layer: str, dtype: str, shifted: bool = False) -> No
     c, seed = config("tiny", dtype), 11
     params = make_params(c, seed)
     inputs = _layer_inputs(layer, c, np.random.default_rng(zlib.crc32(name.encode())), shifted)
-    P = ref.as_float64(params)
+    P = ref.as_float64(params, c)
     I = {k: v if v.dtype.kind in "bi" else v.astype(np.float64) for k, v in inputs.items()}  # ids, masks as they are
     exact = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics("exact"))
     faithful = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics(c.dtype))
@@ -230,7 +230,7 @@ def _forward_case(w: _Writer, name: str, cfg: str, dtype: str, seed: int, src_le
     src, tgt_in = _tokens(rng, c, src_lens, S, False), _tokens(rng, c, tgt_lens, T, True)
     if causal_pair:  # two rows, same source and target prefix, different suffixes
         src[1], tgt_in[1, :T // 2] = src[0], tgt_in[0, :T // 2]
-    P = ref.as_float64(params)
+    P = ref.as_float64(params, c)
     exact, faithful = {}, {}
     ref.forward(P, src, tgt_in, c, Numerics("exact"), exact)
     ref.forward(P, src, tgt_in, c, Numerics(c.dtype), faithful)
@@ -269,7 +269,7 @@ def _decode_case(w: _Writer, name: str, kind: str, dtype: str, src_lens: list[in
     for seed in range(100, 400):
         params = make_params(c, seed, EOS_BOOST)
         src = _tokens(rng, c, src_lens, S, False)
-        P = ref.as_float64(params)
+        P = ref.as_float64(params, c)
         trace_x, trace_f = {}, {}
         out = _run_search(kind, P, src, c, Numerics("exact"), trace_x, beam_size, alpha)
         again = _run_search(kind, P, src, c, Numerics(c.dtype), trace_f, beam_size, alpha)

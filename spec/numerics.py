@@ -1,6 +1,17 @@
 """The numerics contract, and the rounding helpers the NumPy reference uses.
 
-Every backend follows this contract. In ``dtype="bfloat16"`` mode:
+Every backend follows this contract.
+
+0. Parameters are stored in ``param_dtype`` and enter the computation in
+   ``dtype``: each is cast once, where it is read (fp32 -> bf16 rounds to
+   nearest even; bf16 -> fp32 is exact), and the rules of ``dtype`` apply from
+   there on. So ``dtype="bfloat16", param_dtype="float32"`` (fp32 master
+   weights, as mixed-precision training keeps them) computes exactly what the
+   bf16 model with the rounded weights computes, and ``dtype="float32",
+   param_dtype="bfloat16"`` computes in float32 throughout. The activation
+   dtype is always ``dtype``, never taken from a parameter.
+
+In ``dtype="bfloat16"`` mode:
 
 1. Parameters and the activations between sublayers are bf16.
 2. Every matrix product takes bf16 operands, accumulates in fp32 and is rounded

@@ -19,15 +19,21 @@ import numpy as np
 
 from spec import validate
 from spec.config import Config
-from spec.numerics import MASKED_SCORE, Numerics
+from spec.numerics import MASKED_SCORE, Numerics, np_dtype
 
 Params = dict[str, np.ndarray]
 Record = dict[str, np.ndarray] | None
 
 
-def as_float64(params: dict[str, np.ndarray]) -> Params:
-    """Canonical parameters (bf16 or fp32) as exact float64 copies."""
-    return {k: np.asarray(v).astype(np.float64) for k, v in params.items()}
+def as_float64(params: dict[str, np.ndarray], c: Config) -> Params:
+    """Canonical parameters as they enter the computation: cast from ``c.param_dtype`` to
+    ``c.dtype`` (``spec.numerics`` rule 0), held as exact float64 copies.
+
+    Exact mode computes with these too: the model a mixed-precision config
+    describes is the one whose parameters are the cast values.
+    """
+    dtype = np_dtype(c.dtype)
+    return {k: np.asarray(v).astype(dtype).astype(np.float64) for k, v in params.items()}
 
 
 def _rec(rec: Record, name: str, x: np.ndarray) -> np.ndarray:

@@ -6,9 +6,16 @@ and stop a sequence at ``eos_id``. Output tokens exclude BOS and include EOS;
 rows are right-padded with ``pad_id`` to the longest row. Exact ties break
 toward the lower token id (in beam search, the lower ``beam * V + token``).
 
-Each decoder can record ``trace["margin"]``: the smallest gap between two
-scores whose order decided the output. A backend whose scores differ from the
-reference's by less than half that gap must produce the same tokens.
+``pad_id`` and ``bos_id`` are never generated (``forbid_special``): a generated
+pad would be an invisible key in later steps and could not be told from the
+right-padding of the output. Their scores become -inf before every choice,
+after the log-softmax over the whole vocabulary (as fairseq does for pad), so
+the other tokens' log-probabilities are those of the full distribution.
+
+Each decoder can record a trace: ``trace["margin"]`` is the smallest gap
+between two scores whose order decided the output (a backend whose scores
+differ from the reference's by less than half that gap must produce the same
+tokens), and ``trace["rows"]`` the same per sequence, with what happened in it.
 
 Beam search is the algorithm of Flax's ``examples/wmt/decode.py`` (after
 tensor2tensor) with the paper's settings, written out so that every backend
@@ -18,6 +25,7 @@ can follow it step for step. Per sequence, with k = beam_size:
     finished: k slots with scores -inf
     for t = 1 .. limit:
         cand = alive_logprob[:, None] + log_softmax(logits)     (k, V), fp32
+        cand[:, pad_id] = cand[:, bos_id] = -inf
         top 2k of cand.flatten(), ties -> lower flat index
         alive    <- the first k of those whose token is not EOS
         finished <- the first k of (finished, EOS candidates with score
@@ -42,7 +50,10 @@ Trace = dict | None
 
 
 def length_penalty(length: int, alpha: float) -> float:
-    """((5 + |Y|) / 6) ** alpha, |Y| counting EOS (Wu et al., 2016, equation 14)."""
+    """((5 + |Y|) / 6) ** alpha, |Y| counting EOS (Wu et al., 2016, equation 14).
+
+    ``alpha`` is one that ``validate.check_beam`` accepted, so the result is finite.
+    """
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -52,19 +63,48 @@ def log_softmax(logits: np.ndarray, nx: Numerics) -> np.ndarray:
     return nx.acc(z - np.log(np.exp(z).sum(axis=-1, keepdims=True)))
 
 
+def forbid_special(scores: np.ndarray, c: Config) -> np.ndarray:
+    """``scores`` (..., V) with ``pad_id`` and ``bos_id`` set to -inf: never generated (module docstring)."""
+    scores = scores.copy()
+    scores[..., [c.pad_id, c.bos_id]] = -np.inf
+    return scores
+
+
+def candidate_count(beam_size: int) -> int:
+    """Candidates kept per step: 2k, so that k of them are not EOS even if k end."""
+    return 2 * beam_size
+
+
 def _descending(x: np.ndarray) -> np.ndarray:
     """Indices sorting ``x`` descending; equal values keep index order."""
     return np.argsort(-x, kind="stable")
 
 
-def _note_gap(trace: Trace, sorted_scores: np.ndarray, i: int) -> None:
-    """Record the gap between sorted scores i and i+1, which decided a cut."""
-    if trace is None or i + 1 >= sorted_scores.size:
+def _note_gap(row: Trace, sorted_scores: np.ndarray, i: int) -> None:
+    """Record in a row's trace the gap between sorted scores i and i+1, which decided a cut."""
+    if row is None or i + 1 >= sorted_scores.size:
         return
     a, b = sorted_scores[i], sorted_scores[i + 1]
     if np.isfinite(a) and np.isfinite(b):
-        gap = float(a - b)
-        trace["margin"] = min(trace.get("margin", np.inf), gap)
+        _note_margin(row, float(a - b))
+
+
+def _note_margin(row: Trace, gap: float) -> None:
+    if row is not None:
+        row["margin"] = min(row.get("margin", np.inf), gap)
+
+
+def _row_traces(trace: Trace, B: int) -> list[Trace]:
+    """One trace dict per sequence, listed in ``trace["rows"]`` (or Nones without a trace)."""
+    if trace is None:
+        return [None] * B
+    trace["rows"] = [{} for _ in range(B)]
+    return trace["rows"]
+
+
+def _overall_margin(trace: Trace) -> None:
+    if trace is not None:
+        trace["margin"] = min((r.get("margin", np.inf) for r in trace["rows"]), default=np.inf)
 
 
 def greedy_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, max_new_tokens: int | None = None,
@@ -77,19 +117,22 @@ def greedy_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, 
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     B = src.shape[0]
+    rows = _row_traces(trace, B)
     cache = ref.init_cache(params, ref.encode(params, src, c, nx), src, c, nx)
     out = np.full((B, int(limits.max())), c.pad_id, np.int64)
     done = np.zeros(B, bool)
     tokens = np.full(B, c.bos_id, np.int64)
     for t in range(int(limits.max())):
-        logits = ref.decode(params, tokens[:, None], cache, c, nx)[:, 0]    # (B, V)
+        logits = forbid_special(ref.decode(params, tokens[:, None], cache, c, nx)[:, 0], c)   # (B, V)
         for b in np.flatnonzero(~done):
-            _note_gap(trace, np.sort(logits[b])[::-1], 0)
+            _note_gap(rows[b], np.sort(logits[b])[::-1], 0)
         tokens = np.where(done, c.pad_id, np.argmax(logits, axis=-1))     # argmax: first of equal maxima
         out[:, t] = tokens
         done |= (tokens == c.eos_id) | (t + 1 >= limits)
         if done.all():
-            return out[:, :t + 1]
+            out = out[:, :t + 1]
+            break
+    _overall_margin(trace)
     return out
 
 
@@ -97,15 +140,21 @@ def beam_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, be
                 alpha: float = 0.6, max_new_tokens: int | None = None, trace: Trace = None) -> np.ndarray:
     """Beam search (module docstring): src (B, S) -> tokens (B, L) int64.
 
+    A row's trace records, besides its margin: ``steps`` run, ``early_stop``
+    (the bound ended the search before the limit) and ``overtaken`` (the answer
+    finished later than the first hypothesis that finished, which it beat).
+
     Raises:
-        ValueError: from ``validate.check_source``, ``validate.check_beam`` and
-            ``validate.generation_limits``.
+        ValueError: from ``validate.check_source``, ``validate.generation_limits``
+            and ``validate.check_beam``.
     """
     validate.check_source(src, c)
-    validate.check_beam(beam_size, alpha)
     limits = validate.generation_limits(src, c, max_new_tokens)
-    rows = [_beam_one(params, src[b:b + 1], int(limits[b]), beam_size, alpha, c, nx, trace)
+    validate.check_beam(beam_size, alpha, limits)
+    traces = _row_traces(trace, src.shape[0])
+    rows = [_beam_one(params, src[b:b + 1], int(limits[b]), int(beam_size), float(alpha), c, nx, traces[b])
             for b in range(src.shape[0])]
+    _overall_margin(trace)
     out = np.full((len(rows), max(len(r) for r in rows)), c.pad_id, np.int64)
     for b, r in enumerate(rows):
         out[b, :len(r)] = r
@@ -123,11 +172,13 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
     fin_score = np.full(k, -np.inf)
     tokens = np.full(k, c.bos_id, np.int64)
     max_lp = nx.acc(length_penalty(limit, alpha))
+    first_finished = None
     for t in range(1, limit + 1):
         logits = ref.decode(params, tokens[:, None], cache, c, nx)[:, 0]     # (k, V)
-        cand = nx.acc(alive_lp[:, None] + log_softmax(logits, nx)).ravel()   # (k * V,)
+        logp = forbid_special(log_softmax(logits, nx), c)
+        cand = nx.acc(alive_lp[:, None] + logp).ravel()                       # (k * V,)
         order = _descending(cand)
-        top = order[:2 * k]
+        top = order[:candidate_count(k)]
         beam, tok = np.divmod(top, c.vocab_size)
         seq = np.concatenate([alive_seq[beam], tok[:, None]], axis=1)       # (2k, t)
         is_eos = tok == c.eos_id
@@ -146,15 +197,22 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         _note_gap(trace, merged[keep], k - 1)
         fin_seq = np.concatenate([fin_seq, np.pad(seq, ((0, 0), (0, limit - t)), constant_values=c.pad_id)])[keep[:k]]
         fin_score = merged[keep[:k]]
+        if first_finished is None and np.isfinite(fin_score[0]):
+            first_finished = t
 
         bound = nx.acc(alive_lp.max() / max_lp)
-        if trace is not None and np.isfinite(fin_score.min()) and np.isfinite(bound):
-            trace["margin"] = min(trace.get("margin", np.inf), abs(float(fin_score.min() - bound)))
+        if np.isfinite(fin_score.min()) and np.isfinite(bound):
+            _note_margin(trace, abs(float(fin_score.min() - bound)))
         if t == limit or fin_score.min() >= bound:
             break
+    if trace is not None:
+        trace.update(steps=t, early_stop=bool(t < limit), overtaken=False)
     if np.isfinite(fin_score[0]):
         _note_gap(trace, fin_score, 0)  # the best finished hypothesis is the answer
-        return _trim(fin_seq[0], c)
+        answer = _trim(fin_seq[0], c)
+        if trace is not None:
+            trace["overtaken"] = bool(len(answer) > first_finished)
+        return answer
     _note_gap(trace, alive_lp, 0)  # the best alive hypothesis is the answer
     return alive_seq[0]
 
@@ -169,14 +227,14 @@ def _trace_beam_step(trace: dict, cand: np.ndarray, order: np.ndarray, k: int, c
     the finished top k; then its distance to the 2k cut decides whether it is
     considered at all.
     """
+    n = candidate_count(k)
     eos = order % c.vocab_size == c.eos_id
     _note_gap(trace, cand[order[~eos]], k - 1)
-    hi, lo = cand[order[2 * k - 1]], cand[order[2 * k]]
+    hi, lo = cand[order[n - 1]], cand[order[n]]
     for rank in np.flatnonzero(eos):
         score = cand[order[rank]]
         if np.isfinite(score) and score / lp_t >= kth_finished:
-            gap = score - lo if rank < 2 * k else hi - score
-            trace["margin"] = min(trace.get("margin", np.inf), float(gap))
+            _note_margin(trace, float(score - lo if rank < n else hi - score))
 
 
 def _trim(seq: np.ndarray, c: Config) -> np.ndarray:

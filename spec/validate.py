@@ -7,6 +7,9 @@ small; the copy costs one transfer per call.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
 from spec.config import Config
@@ -74,6 +77,7 @@ def generation_limits(src: np.ndarray, c: Config, max_new_tokens: int | None, ex
     """Per-sequence limit on generated tokens (EOS included), (B,) int64.
 
     Default: source length (non-pad tokens) + ``extra`` (50, paper section 6.1).
+    ``max_new_tokens`` may be a Python or NumPy integer (not a bool).
     The decoder reads positions 0..limit-1, so a limit over ``c.max_len`` is
     an error, never silently cut.
 
@@ -84,9 +88,9 @@ def generation_limits(src: np.ndarray, c: Config, max_new_tokens: int | None, ex
     if max_new_tokens is None:
         limits = source_lengths(src, c) + extra
     else:
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        if not is_int(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-        limits = np.full(np.shape(src)[0], max_new_tokens, np.int64)
+        limits = np.full(np.shape(src)[0], int(max_new_tokens), np.int64)
     if limits.max() > c.max_len:
         raise ValueError(
             f"generation may need {int(limits.max())} target positions but max_len is {c.max_len}; "
@@ -94,9 +98,57 @@ def generation_limits(src: np.ndarray, c: Config, max_new_tokens: int | None, ex
     return limits
 
 
-def check_beam(beam_size: int, alpha: float) -> None:
-    """Raises ValueError unless ``beam_size`` is a positive int and ``alpha`` >= 0."""
-    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+def is_int(x) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def check_beam(beam_size: int, alpha: float, limits: np.ndarray) -> None:
+    """Checks for beam search with generation limits ``limits`` (B,) (from ``generation_limits``).
+
+    ``beam_size`` may be a Python or NumPy integer, ``alpha`` any real number (not a bool).
+
+    Raises:
+        ValueError: unless ``beam_size`` is a positive int and ``alpha`` a finite
+            number >= 0 whose length penalty ``((5 + L) / 6) ** alpha`` at the
+            longest limit L is finite in float32 (a larger alpha would make every
+            normalised score zero, and the choice meaningless).
+    """
+    if not is_int(beam_size) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0.0:
-        raise ValueError(f"alpha must be a float >= 0, got {alpha!r}")
+    if not isinstance(alpha, numbers.Real) or isinstance(alpha, (bool, np.bool_)) or not 0.0 <= alpha < math.inf:
+        raise ValueError(f"alpha must be a finite float >= 0, got {alpha!r}")
+    L = int(np.max(limits))
+    try:
+        penalty = ((5.0 + L) / 6.0) ** float(alpha)
+    except OverflowError:
+        penalty = math.inf
+    if not penalty <= float(np.finfo(np.float32).max):
+        raise ValueError(f"alpha={alpha!r} makes the length penalty ((5 + {L}) / 6) ** alpha overflow float32; "
+                         f"use alpha <= {math.log(float(np.finfo(np.float32).max)) / math.log((5.0 + L) / 6.0):.4g}")
+
+
+def check_capacity(capacity: int, c: Config) -> None:
+    """A KV cache capacity (target positions): a Python or NumPy integer in [1, max_len].
+
+    Raises:
+        ValueError: naming the value, if it is not an int (bools are not) or lies outside [1, max_len].
+    """
+    if not is_int(capacity) or not 1 <= capacity <= c.max_len:
+        raise ValueError(f"capacity must be an int in [1, max_len={c.max_len}], got {capacity!r}")
+
+
+def check_decode(tokens: np.ndarray, c: Config, cache_batch: int, cache_length: int, capacity: int) -> None:
+    """Checks for ``decode(tokens, cache)``: n new tokens (B, n) into a KV cache of batch ``cache_batch``
+    holding ``cache_length`` of ``capacity`` positions.
+
+    Raises:
+        ValueError: as ``check_tokens`` (named ``tokens``), if the batch differs from the cache's, or if
+            the cache has no room for n more positions.
+    """
+    check_tokens("tokens", tokens, c)
+    B, n = np.shape(tokens)
+    if B != cache_batch:
+        raise ValueError(f"tokens: batch {B} differs from the cache's {cache_batch}")
+    if cache_length + n > capacity:
+        raise ValueError(f"tokens: {n} new positions after {cache_length} exceed the cache capacity {capacity}")

@@ -57,7 +57,8 @@ def read_config(path: str | os.PathLike) -> Config:
     """The config stored in a weights file.
 
     Raises:
-        ValueError: naming the file if it is unreadable or holds no config.
+        ValueError: naming the file if it is unreadable, holds no config, or
+            its config is not valid JSON or not a valid ``Config``.
     """
     try:
         with safetensors.safe_open(str(path), framework="numpy") as f:
@@ -66,7 +67,16 @@ def read_config(path: str | os.PathLike) -> Config:
         raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
     if "config" not in meta:
         raise ValueError(f"{path}: no 'config' in the safetensors metadata")
-    return Config.from_dict(json.loads(meta["config"]))
+    try:
+        stored = json.loads(meta["config"])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: the 'config' metadata is not valid JSON ({e})") from e
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path}: the 'config' metadata is not a JSON object")
+    try:
+        return Config.from_dict(stored)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: invalid config in the metadata: {e}") from e
 
 
 def load_weights(path: str | os.PathLike, c: Config | None = None) -> tuple[Config, dict[str, np.ndarray]]:

@@ -26,7 +26,7 @@ class ReferenceModel:
     def __init__(self, config: Config, params: dict[str, np.ndarray]):
         self.config = config
         self._params = params
-        self._p = ref.as_float64(params)
+        self._p = ref.as_float64(params, config)
         self._nx = Numerics(config.dtype)
 
     def _out(self, x: np.ndarray) -> np.ndarray:
@@ -42,11 +42,18 @@ class ReferenceModel:
         validate.check_source(src, self.config)
         return self._out(ref.encode(self._p, np.asarray(src), self.config, self._nx))
 
-    def decode_steps(self, src, tgt_in):
+    def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
         validate.check_forward(src, tgt_in, self.config)
         src, tgt_in = np.asarray(src), np.asarray(tgt_in)
+        capacity = tgt_in.shape[1] if capacity is None else capacity
+        validate.check_capacity(capacity, self.config)
         cache = ref.init_cache(self._p, ref.encode(self._p, src, self.config, self._nx), src, self.config, self._nx)
-        steps = [ref.decode(self._p, tgt_in[:, t:t + 1], cache, self.config, self._nx) for t in range(tgt_in.shape[1])]
+        steps, start = [], 0
+        for n in chunks if chunks is not None else [1] * tgt_in.shape[1]:
+            tokens = tgt_in[:, start:start + n]
+            validate.check_decode(tokens, self.config, cache.key_mask.shape[0], cache.length, capacity)
+            steps.append(ref.decode(self._p, tokens, cache, self.config, self._nx))
+            start += n
         return np.concatenate(steps, axis=1).astype(np.float32)
 
     def greedy(self, src, max_new_tokens=None):

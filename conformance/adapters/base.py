@@ -12,6 +12,7 @@ A backend module (``conformance/adapters/backend_<name>.py``) defines
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -33,9 +34,12 @@ class Model(Protocol):
     def encode(self, src: np.ndarray) -> np.ndarray:
         """src (B, S) -> memory (B, S, D)."""
 
-    def decode_steps(self, src: np.ndarray, tgt_in: np.ndarray) -> np.ndarray:
-        """Feed tgt_in (B, T) one token at a time through the backend's KV cache (cross-attention
-        K/V computed once); the logits of every step stacked: (B, T, V) float32."""
+    def decode_steps(self, src: np.ndarray, tgt_in: np.ndarray, chunks: Sequence[int] | None = None,
+                     capacity: int | None = None) -> np.ndarray:
+        """Feed tgt_in (B, T) through the backend's public KV cache (``init_cache`` of ``capacity``
+        positions, default T; cross-attention K/V computed once), one ``decode`` call per chunk of
+        ``chunks`` tokens (sizes summing to T; default one token per call); the logits of every
+        position concatenated: (B, T, V) float32."""
 
     def greedy(self, src: np.ndarray, max_new_tokens: int | None = None) -> np.ndarray:
         """Greedy search (``spec.search``): src (B, S) -> tokens (B, L) int."""

@@ -16,7 +16,7 @@ EXACT = Numerics("exact")
 
 @pytest.fixture(scope="module")
 def params():
-    return ref.as_float64(init_params(TINY, 3, observable=True))
+    return ref.as_float64(init_params(TINY, 3, observable=True), TINY)
 
 
 def test_positional_encoding_by_hand():

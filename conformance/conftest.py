@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +73,8 @@ def record(record_property):
     """``record(verdicts)``: attach each judged tensor's errors to the report, then assert them all."""
 
     def rec(verdicts: dict[str, tolerance.Verdict]) -> None:
-        rows = [{"tensor": n, "ok": v.ok, "ratio": v.ratio, "allowed_eps": v.max_eps_allowed, **v.stats.to_dict()}
-                for n, v in verdicts.items()]
+        rows = [{"tensor": n, "ok": v.ok, "ratio": v.ratio, "allowed_eps": v.max_eps_allowed,
+                 "allowed_rms_eps": v.rms_eps_allowed, **v.stats.to_dict()} for n, v in verdicts.items()]
         record_property("tensors", rows)
         bad = [f"{n}: {v.reason()}" for n, v in verdicts.items() if not v.ok]
         assert not bad, "out of tolerance:\n  " + "\n  ".join(bad)
@@ -82,32 +83,83 @@ def record(record_property):
 
 
 class ReportPlugin:
-    """Collects each check's outcome and recorded errors; writes and prints the report at the end."""
+    """Collects each check's outcome, recorded errors and duration; writes and prints the report at the end.
+    A run that did not run every check writes ``conformance-<backend>-partial``, never over the full report."""
+
+    FILTERS = {"keyword": "-k", "markexpr": "-m", "lf": "--lf", "ignore": "--ignore", "ignore_glob": "--ignore-glob"}
 
     def __init__(self, config):
         self.config = config
         self.checks: dict[str, dict] = {}
         self.describe = ""
+        self.selected = self.deselected = 0
+
+    def pytest_sessionstart(self, session):
+        self.start = time.perf_counter()
+
+    def pytest_deselected(self, items):
+        self.deselected += len(items)
+
+    def pytest_collection_finish(self, session):
+        self.selected = len(session.items)
+
+    def pytest_collectreport(self, report):
+        if report.failed:  # a test module that does not import would otherwise just be missing from the report
+            self._outcome(f"collect[{Path(report.nodeid).name}]", report.nodeid, report)
 
     def pytest_runtest_logreport(self, report):
-        name = report.nodeid.split("::")[-1].removeprefix("test_")
+        if report.passed and report.when != "call":
+            return
+        module, *_, func = report.nodeid.split("::")
+        e = self._outcome(func.removeprefix("test_"), module, report)
         if report.when == "call":
-            self.checks[name] = {"outcome": report.outcome, "tensors": dict(report.user_properties).get("tensors", []),
-                                 "message": _last_line(report) if report.failed else ""}
-        elif report.outcome != "passed":  # an error in setup or teardown counts as a failure
-            self.checks.setdefault(name, {"tensors": [], "message": _last_line(report)})["outcome"] = "failed"
+            e.update(tensors=dict(report.user_properties).get("tensors", []), duration=report.duration)
+
+    def _outcome(self, name: str, module: str, report) -> dict:
+        """The check's entry, its outcome the worst of its phases' (a skip or an error in setup or
+        teardown counts too) with the message of the phase that decided it."""
+        module = Path(module).name  # with --pyargs the node id may start with a site-packages path
+        e = self.checks.setdefault(name, {"outcome": "passed", "message": "", "tensors": [], "duration": 0.0,
+                                          "module": module, "family": report_mod.family_of(name, module)})
+        rank = ("passed", "skipped", "failed").index
+        if rank(report.outcome) > rank(e["outcome"]):
+            e.update(outcome=report.outcome, message=_reason(report))
+        return e
+
+    def _filter(self) -> str:
+        """What kept this run from running every check; empty for a full run."""
+        o = self.config.option
+        why = [flag if v is True else f"{flag} {v}"
+               for key, flag in self.FILTERS.items() if (v := getattr(o, key, None))]
+        # The suite itself is named by its folder, or by its package with --pyargs; a file or node id is a filter.
+        why += [a for a in self.config.args if "::" in a or not (Path(a).is_dir() or a == "conformance")]
+        why += [f"{self.deselected} deselected"] * bool(self.deselected)
+        why += ["stopped early"] * (len(self.checks) < self.selected)
+        return ", ".join(why)
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.checks:
             return
         backend, mutant = self.config.getoption("--backend"), self.config.getoption("--mutant")
+        why = self._filter()
         rep = {"backend": backend if not mutant else f"{backend}+{mutant}", "describe": self.describe,
-               "checks": self.checks, "python": sys.version.split()[0], "numpy": np.__version__}
-        j, m = report_mod.write([rep], self.config.getoption("--report-dir"), f"conformance-{rep['backend']}")
+               "checks": self.checks, "python": sys.version.split()[0], "numpy": np.__version__,
+               "duration_s": round(time.perf_counter() - self.start, 2), "partial": bool(why), "filter": why,
+               "collected": self.selected + self.deselected}
+        stem = f"conformance-{rep['backend']}" + "-partial" * rep["partial"]
+        j, m = report_mod.write([rep], self.config.getoption("--report-dir"), stem)
         report_mod.show([rep])
         terminalreporter.write_line(f"report: {j} and {m}")
 
 
-def _last_line(report) -> str:
-    lines = [ln for ln in report.longreprtext.splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
+def _reason(report) -> str:
+    """Why a check did not pass, on one line: the skip's reason, the exception's message, or (a module
+    that does not import) the last line of pytest's report."""
+    if isinstance(report.longrepr, tuple):  # a skip: (file, line, "Skipped: reason")
+        return report.longrepr[2]
+    crash = getattr(report.longrepr, "reprcrash", None)
+    lines = [ln.strip() for ln in (crash.message if crash else report.longreprtext).splitlines() if ln.strip()]
+    if crash is None:
+        return lines[-1] if lines else ""
+    # pytest's "assert ..." line only repeats the asserted expression after the message
+    return " ".join(ln for ln in lines if not ln.startswith("assert ")).removeprefix("AssertionError: ")

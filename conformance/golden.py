@@ -57,13 +57,12 @@ def cases(kind: str) -> list[Case]:
     return [c for c in all_cases() if c.kind == kind]
 
 
-def judge_tensor(case: Case, name: str, actual: np.ndarray, ids: dict[str, np.ndarray]) -> tolerance.Verdict:
-    """Judge one tensor of a case: sliced as stored, at non-pad positions only."""
+def judge_tensor(case: Case, name: str, recorded: dict[str, np.ndarray], ids: dict[str, np.ndarray]
+                 ) -> tolerance.Verdict:
+    """Judge one stored tensor of a case against the backend's ``recorded`` tensors: the part the case
+    stores (``spec.golden_cases.checked_part``), at non-pad positions only."""
     exact = case.expected[name]
-    sl = case.meta.get("slices", {}).get(name)
-    a = np.asarray(actual).astype(np.float64)
-    if sl is not None:
-        a = a[..., :sl]
+    a = golden_cases.checked_part(name, recorded, case.meta.get("sampling", {})).astype(np.float64)
     if a.shape != exact.shape:
         raise AssertionError(f"{case.name}/{name}: shape {a.shape}, expected {exact.shape}")
     pid = ids.get(golden_cases.positions_of(name))

@@ -1,9 +1,10 @@
 """Mutation test: proof that the conformance suite can fail.
 
-Each mutant replaces one function of ``spec.reference`` with a plausible bug:
-the first eleven break the paper's mathematics, the last two only the numerics
+Each mutant replaces one function of ``spec.reference`` or ``spec.search`` with
+a plausible bug: eleven break the paper's mathematics, two only the numerics
 contract (they prove the tolerance policy is tight enough to see a backend
-that rounds where the contract says not to).
+that rounds where the contract says not to), and five break decoding (the
+search, the length penalty, the KV cache's positions, the special tokens).
 The suite runs against the mutated reference backend (``--mutant NAME``), in a
 subprocess per mutant, and must fail; the table names the checks that caught it.
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from spec import reference as ref
+from spec import search
 from spec.numerics import MASKED_SCORE
 
 _original = {name: getattr(ref, name) for name in (
@@ -96,6 +98,28 @@ def _logits_rounded_to_bf16(params, h, nx):
     return nx.act(_original["output_logits"](params, h, nx))  # rule 7 says: float32, never rounded
 
 
+def _alpha_forced_to_0(length, alpha):
+    return _original_search["length_penalty"](length, 0.0)
+
+
+def _length_penalty_without_eos(length, alpha):
+    return _original_search["length_penalty"](length - 1, alpha)  # |Y| must count EOS
+
+
+def _top_k_candidates(beam_size):
+    return beam_size  # k candidates: when one ends at EOS, fewer than k stay alive
+
+
+def _incremental_positions_plus_1(params, ids, c, nx, start=0):
+    return _original["embed"](params, ids, c, nx, start + 1 if start > 0 else start)
+
+
+def _may_emit_special(scores, c):
+    return scores
+
+
+_original_search = {name: getattr(search, name) for name in ("length_penalty", "candidate_count", "forbid_special")}
+
 MUTANTS: dict[str, tuple[str, Callable]] = {
     "pe_sin_cos_swapped": ("positional_encoding", _pe_sin_cos_swapped),
     "pe_positions_from_1": ("positional_encoding", _pe_positions_from_one),
@@ -110,6 +134,11 @@ MUTANTS: dict[str, tuple[str, Callable]] = {
     "output_projection_not_shared_embedding": ("output_logits", _untied_output),
     "attention_scores_rounded_to_bf16": ("scaled_dot_product_attention", _scores_rounded_to_bf16),
     "logits_rounded_to_bf16": ("output_logits", _logits_rounded_to_bf16),
+    "beam_alpha_forced_to_0": ("search.length_penalty", _alpha_forced_to_0),
+    "beam_length_penalty_without_eos": ("search.length_penalty", _length_penalty_without_eos),
+    "beam_top_k_not_2k_candidates": ("search.candidate_count", _top_k_candidates),
+    "incremental_decoding_positions_plus_1": ("embed", _incremental_positions_plus_1),
+    "search_may_emit_pad_or_bos": ("search.forbid_special", _may_emit_special),
 }
 
 
@@ -118,7 +147,8 @@ def apply(name: str) -> None:
     if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; choose from {sorted(MUTANTS)}")
     target, fn = MUTANTS[name]
-    setattr(ref, target, fn)
+    module, attr = (search, target.removeprefix("search.")) if target.startswith("search.") else (ref, target)
+    setattr(module, attr, fn)
 
 
 def run(name: str, report_dir: Path) -> list[str]:

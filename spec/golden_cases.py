@@ -29,6 +29,7 @@ eps so that a backend rounding it to bf16 fails.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import filecmp
 import hashlib
 import json
@@ -47,7 +48,7 @@ from spec.config import BASE, TINY, Config
 from spec.init import init_params
 from spec.numerics import Numerics, np_dtype
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 # A multi-layer config distinct from tiny: d_k = d_v, three layers per stack.
 SMALL = Config(vocab_size=97, d_model=64, n_heads=4, d_k=16, d_v=16, d_ff=128,
@@ -62,11 +63,24 @@ def config(name: str, dtype: str) -> Config:
 
 def positions_of(tensor: str) -> str | None:
     """Which token positions index axis 1 of a recorded tensor: "src", "tgt" or None."""
+    if tensor.endswith("@rows"):  # whole rows at chosen (batch, position) pairs: no position axis
+        return None
     if tensor.startswith(("src_embed", "encoder.")):
         return "src"
     if tensor.startswith(("tgt_embed", "decoder.", "logits", "step_logits")):
         return "tgt"
     return None
+
+
+def checked_part(name: str, full: dict[str, np.ndarray], sampling: dict) -> np.ndarray:
+    """The part of a recorded tensor that a case stores and checks (``meta["sampling"]``): ``full[name]`` at
+    ``columns`` feature columns spread evenly over its last axis (all if not given), or, for ``"logits@rows"``, whole logit rows over the
+    vocabulary at the sampled (batch, position) pairs."""
+    if name.endswith("@rows"):
+        b, t = np.asarray(sampling["rows"]).T
+        return np.asarray(full[name.removesuffix("@rows")])[b, t]
+    x, n = np.asarray(full[name]), sampling.get("columns")
+    return x if n is None else x[..., np.unique(np.linspace(0, x.shape[-1] - 1, n).round().astype(int))]
 
 
 def valid_rows(x: np.ndarray, ids: np.ndarray | None, pad_id: int) -> np.ndarray:
@@ -89,14 +103,17 @@ class _Writer:
         self.root = root
 
     def write(self, name: str, meta: dict, inputs: dict, expected: dict, c: Config, params: dict,
-              seed: int, eos_boost: float | None = None) -> None:
+              seed: int, eos_boost: float | None = None, cancel_residual: bool = False,
+              embedding_scale: float | None = None) -> None:
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         files = {"inputs.safetensors": inputs, "expected.safetensors": expected}
         for fname, tensors in files.items():
             safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(d / fname))
         meta = {"case": name, "generator_version": GENERATOR_VERSION, "config": c.to_dict(),
-                "params": {"seed": seed, "observable": True, "eos_boost": eos_boost, "sha256": params_digest(params)},
+                "params": {"seed": seed, "observable": True, "eos_boost": eos_boost,
+                           "cancel_residual": cancel_residual, "embedding_scale": embedding_scale,
+                           "sha256": params_digest(params)},
                 "tolerance_policy": {"max_ratio": tolerance.MAX_RATIO, "rms_ratio": tolerance.RMS_RATIO,
                                      "floor_eps": tolerance.FLOOR_EPS},
                 **meta}
@@ -113,12 +130,37 @@ def params_digest(params: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def make_params(c: Config, seed: int, eos_boost: float | None = None) -> dict[str, np.ndarray]:
-    """Golden-case weights: observable init, and E[eos] scaled for decoding cases."""
+def make_params(c: Config, seed: int, eos_boost: float | None = None, cancel_residual: bool = False,
+                embedding_scale: float | None = None) -> dict[str, np.ndarray]:
+    """Golden-case weights: observable init; for decoding cases E[eos] scaled by ``eos_boost``, the whole
+    embedding by ``embedding_scale`` (rounded to the parameter dtype; tied to the output projection, this
+    sharpens the output distribution, so longer hypotheses stay competitive and the length penalty can
+    decide) and, with ``cancel_residual``, the last decoder FFN made to cancel its input."""
     params = init_params(c, seed, observable=True)
     if eos_boost is not None:
         params["embedding"][c.eos_id] *= eos_boost
+    if embedding_scale is not None:
+        params["embedding"] *= embedding_scale
+    if cancel_residual:
+        _cancel_last_residual(params, c)
     return params
+
+
+def _cancel_last_residual(params: dict[str, np.ndarray], c: Config) -> None:
+    """Make the last decoder FFN compute ``-x + FFN_random(x)``: ReLU(x) - ReLU(-x) = x, through 2D hidden units
+    with identity weights and zero bias (exact in bf16), so its post-LN output no longer carries the input.
+
+    Why: with the embedding tied to the output projection, a random model's last hidden state is dominated by
+    the current token's own embedding, so greedy search repeats one token forever (the defect of the first
+    decoding cases). Without it the next token is a random function of the state, the source included.
+    """
+    D, p = c.d_model, f"decoder.layers.{c.n_decoder_layers - 1}.ffn"
+    if c.d_ff < 2 * D:
+        raise ValueError(f"cancel_residual needs d_ff >= 2 * d_model, got {c.d_ff}")
+    eye = np.eye(D).astype(params[f"{p}.w_1"].dtype)
+    params[f"{p}.w_1"][:, :D], params[f"{p}.w_1"][:, D:2 * D] = eye, -eye   # (D, F): hidden ReLU(x), ReLU(-x)
+    params[f"{p}.b_1"][:2 * D] = 0
+    params[f"{p}.w_2"][:D], params[f"{p}.w_2"][D:2 * D] = -eye, eye         # (F, D): -ReLU(x) + ReLU(-x) = -x
 
 
 def case_params(meta: dict) -> tuple[Config, dict[str, np.ndarray]]:
@@ -129,21 +171,18 @@ def case_params(meta: dict) -> tuple[Config, dict[str, np.ndarray]]:
     """
     c = Config.from_dict(meta["config"])
     p = meta["params"]
-    params = make_params(c, p["seed"], p["eos_boost"])
+    params = make_params(c, p["seed"], p["eos_boost"], p["cancel_residual"], p["embedding_scale"])
     if params_digest(params) != p["sha256"]:
         raise ValueError(f"golden case {meta['case']}: regenerated weights differ from the recorded sha256")
     return c, params
 
 
-def _faithful_stats(exact: dict, faithful: dict, c: Config, ids: dict, slices: dict,
+def _faithful_stats(exact: dict, faithful: dict, c: Config, ids: dict, sampling: dict, names=None,
                     unit: str | None = None) -> dict:
     out = {}
-    for name, x in exact.items():
-        pos = positions_of(name)
-        sl = slices.get(name)
-        xs = x if sl is None else x[..., :sl]
-        fs = faithful[name] if sl is None else faithful[name][..., :sl]
-        pid = ids.get(pos)
+    for name in names or exact:
+        pid = ids.get(positions_of(name))
+        xs, fs = checked_part(name, exact, sampling), checked_part(name, faithful, sampling)
         out[name] = tolerance.error_stats(valid_rows(fs, pid, c.pad_id), valid_rows(xs, pid, c.pad_id),
                                           unit or c.dtype).to_dict()
     return out
@@ -215,16 +254,19 @@ def _layer_case(w: _Writer, layer: str, dtype: str, shifted: bool = False) -> No
     exact = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics("exact"))
     faithful = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics(c.dtype))
     meta = {"kind": "layer", "layer": layer, "prefix": LAYER_PREFIX[layer],
-            "tensors": _faithful_stats(exact, faithful, c, {}, {}, unit_of_layer_output(layer, c))}
+            "tensors": _faithful_stats(exact, faithful, c, {}, {}, unit=unit_of_layer_output(layer, c))}
     w.write(name, meta, inputs, exact, c, params, seed)
 
 
 # ----------------------------------------------------------------- forward cases
 
 def _forward_case(w: _Writer, name: str, cfg: str, dtype: str, seed: int, src_lens: list[int], S: int,
-                  tgt_lens: list[int], T: int, *, slice_last: int | None = None, layer_outputs_only: bool = False,
-                  causal_pair: bool = False, incremental: bool = False) -> None:
-    c = config(cfg, dtype)
+                  tgt_lens: list[int], T: int, *, sample: int | None = None, layer_outputs_only: bool = False,
+                  causal_pair: bool = False, incremental: bool = False, param_dtype: str | None = None) -> None:
+    """A teacher-forced forward (or, with ``incremental``, its per-step logits). ``sample`` = n stores n
+    feature columns spread evenly over each tensor's last axis, plus whole logit rows at the first and last
+    non-pad target position of each sequence (``checked_part``)."""
+    c = config(cfg, dtype).replace(param_dtype=param_dtype or dtype)
     params = make_params(c, seed)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     src, tgt_in = _tokens(rng, c, src_lens, S, False), _tokens(rng, c, tgt_lens, T, True)
@@ -240,10 +282,13 @@ def _forward_case(w: _Writer, name: str, cfg: str, dtype: str, seed: int, src_le
     elif layer_outputs_only:
         keep = ("src_embed", "tgt_embed", "encoder.out", "decoder.out", "logits")
         exact = {k: v for k, v in exact.items() if k in keep or k.endswith(".out")}
-    slices = {} if slice_last is None else {k: slice_last for k in exact}
-    stored = {k: (v if slice_last is None else v[..., :slice_last]) for k, v in exact.items()}
-    meta = {"kind": "incremental" if incremental else "forward",
-            "slices": slices, "tensors": _faithful_stats(exact, faithful, c, {"src": src, "tgt": tgt_in}, slices)}
+    sampling, names = {}, list(exact)
+    if sample is not None:
+        sampling = {"columns": sample, "rows": [[b, t] for b, n in enumerate(tgt_lens) for t in (0, n - 1)]}
+        names.append("logits@rows")
+    stored = {k: checked_part(k, exact, sampling) for k in names}
+    meta = {"kind": "incremental" if incremental else "forward", "sampling": sampling,
+            "tensors": _faithful_stats(exact, faithful, c, {"src": src, "tgt": tgt_in}, sampling, names)}
     w.write(name, meta, {"src": src, "tgt_in": tgt_in}, stored, c, params, seed)
 
 
@@ -253,55 +298,202 @@ def _incremental_logits(P: ref.Params, src: np.ndarray, tgt_in: np.ndarray, c: C
 
 
 # ----------------------------------------------------------------- decoding cases
+# A golden decoding case must exercise decoding: rows that end at EOS at different lengths (not at the first
+# step), padded sources, no row made of one repeated token, and for beam search the length penalty, early stops
+# and finished hypotheses that are overtaken. Random weights rarely give that in every row of one batch, so
+# the generator draws a pool of sources per seed, decodes them all (exact and faithful, with traces), keeps
+# the rows that pass the per-row rules, assembles a batch and checks the batch rules on the batch itself
+# (``_check_decoding``): a degenerate case cannot be written.
 
-def _decode_case(w: _Writer, name: str, kind: str, dtype: str, src_lens: list[int], S: int,
-                 beam_size: int = 4, alpha: float = 0.6) -> None:
-    """Search seeds (deterministically) for weights whose decisions all have a safe margin,
-    where exact and faithful decoding agree, and one sequence ends at EOS and another at its limit.
+DECODING = TINY.replace(d_ff=80)  # room for the residual-cancelling last FFN (2 * d_model hidden units)
+CONFIGS["tiny_decoding"] = DECODING
+MAX_REPEAT = 0.5   # no token may fill more than half of a row's tokens before EOS
 
-    Beam search over a random bf16 model has, at some step, two candidates
-    closer than bf16 logits can resolve (measured: margins 1e-4..2e-2 against
-    ~0.17 required), so two conformant bf16 backends may legitimately choose
-    differently: the exact-match beam case is fp32, where the required margin
-    is ~1e-5. (The conformance suite checks bf16 beam search by self-consistency.)"""
-    c = config("tiny", dtype)
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
-    for seed in range(100, 400):
-        params = make_params(c, seed, EOS_BOOST)
-        src = _tokens(rng, c, src_lens, S, False)
+
+@dataclasses.dataclass
+class Decoding:
+    """One decoding case's setting. ``alphas`` > 1 writes one case per alpha on the same inputs."""
+    name: str
+    kind: str
+    dtype: str
+    beam_size: int | None = None
+    alphas: tuple[float, ...] = (0.6,)
+    max_new_tokens: int | None = None
+    rows: int = 4
+    S: int = 7
+    eos_boost: float = 1.5
+    cancel_residual: bool = True
+    embedding_scale: float | None = None
+    eos_lengths: int = 2  # distinct lengths at which rows end at EOS
+    pool: int = 240       # candidate sources per seed
+    seeds: tuple[int, ...] = tuple(range(100, 130))
+
+
+def _search(d: Decoding, alpha: float, P: ref.Params, src: np.ndarray, c: Config, nx: Numerics
+            ) -> tuple[np.ndarray, dict]:
+    trace = {}
+    if d.kind == "greedy":
+        return search.greedy_search(P, src, c, nx, d.max_new_tokens, trace), trace
+    return search.beam_search(P, src, c, nx, d.beam_size, alpha, d.max_new_tokens, trace), trace
+
+
+def _row_facts(out: np.ndarray, c: Config) -> list[dict]:
+    """Per row: its length, whether it ends at EOS, and the share of the tokens before EOS taken by the most
+    frequent one if it occurs more than once (0 when no token repeats)."""
+    facts = []
+    for row in out:
+        eos = np.flatnonzero(row == c.eos_id)
+        n = int(eos[0]) + 1 if eos.size else int((row != c.pad_id).sum())
+        body = row[:n - 1] if eos.size else row[:n]
+        counts = np.bincount(body) if body.size else np.zeros(1, int)
+        repeat = float(counts.max() / body.size) if counts.max() > 1 else 0.0
+        facts.append({"length": n, "eos": bool(eos.size), "repeat": repeat})
+    return facts
+
+
+def _decision_tolerance(P: ref.Params, src: np.ndarray, out: np.ndarray, c: Config) -> tuple[float, np.ndarray]:
+    """The logits tolerance (``spec.tolerance``) on the teacher-forced forward of the tokens themselves: for
+    the batch, and for each row as if it were alone (to choose rows whose batch will pass)."""
+    tgt_in = np.concatenate([np.full((len(src), 1), c.bos_id), out[:, :-1]], axis=1)
+    tgt_in = np.where(np.cumsum(tgt_in == c.eos_id, axis=1) > 0, c.pad_id, tgt_in)
+    ex = ref.forward(P, src, tgt_in, c, Numerics("exact"))
+    fa = ref.forward(P, src, tgt_in, c, Numerics(c.dtype))
+    tol = lambda rows: tolerance.logits_tolerance_abs(tolerance.error_stats(  # noqa: E731
+        valid_rows(fa[rows], tgt_in[rows], c.pad_id), valid_rows(ex[rows], tgt_in[rows], c.pad_id), c.dtype))
+    return tol(slice(None)), np.array([tol(slice(b, b + 1)) for b in range(len(src))])
+
+
+def _decode_all(d: Decoding, P: ref.Params, src: np.ndarray, c: Config) -> dict:
+    """Exact and faithful decoding of ``src`` for every alpha: outputs, traces, row facts, margins."""
+    runs = {}
+    for alpha in d.alphas:
+        out, tx = _search(d, alpha, P, src, c, Numerics("exact"))
+        again, tf = _search(d, alpha, P, src, c, Numerics(c.dtype))
+        same = [np.array_equal(a, b) for a, b in zip(out, again, strict=True)]
+        margins = [min(x.get("margin", np.inf), f.get("margin", np.inf)) for x, f in zip(tx["rows"], tf["rows"],
+                                                                                        strict=True)]
+        tol, row_tol = _decision_tolerance(P, src, out, c)
+        runs[alpha] = {"out": out, "rows": tx["rows"], "facts": _row_facts(out, c), "same": same, "margins": margins,
+                       "tol": tol, "row_tol": row_tol}
+    return runs
+
+
+def _row_ok(runs: dict, b: int) -> bool:
+    """Per-row rules: exact and faithful agree with a safe margin (judged by the row alone, with 25% to spare
+    for the batch's larger maximum error), no token fills over half of the row, and it does not end at the
+    first step."""
+    for r in runs.values():
+        f, need = r["facts"][b], 1.25 * tolerance.DECISION_MARGIN_FACTOR * r["row_tol"][b]
+        if not r["same"][b] or r["margins"][b] < need or f["repeat"] > MAX_REPEAT:
+            return False
+        if f["eos"] and f["length"] < 2:
+            return False
+    return True
+
+
+def _pick_rows(d: Decoding, runs: dict, ok: list[int]) -> list[int]:
+    """Rows of the pool for the case: EOS at distinct lengths first (for several alphas, rows whose output
+    depends on alpha, then an overtaken and an early-stopped row), at most one row that hits its limit."""
+    first = runs[d.alphas[0]]
+    chosen, lengths = [], set()
+
+    def add(b: int) -> None:
+        if b not in chosen and len(chosen) < d.rows:
+            chosen.append(b)
+            lengths.add(first["facts"][b]["length"])
+
+    if len(d.alphas) > 1:
+        row = lambda a, b: tuple(runs[a]["out"][b][runs[a]["out"][b] != 0])  # noqa: E731
+        for i, a in enumerate(d.alphas):  # a row whose tokens differ between each pair of alphas
+            for a2 in d.alphas[:i]:
+                if all(row(a, b) == row(a2, b) for b in chosen):
+                    add(next((b for b in ok if row(a, b) != row(a2, b)), ok[0]))
+        for flag in ("overtaken", "early_stop"):
+            if not any(r["rows"][b][flag] for r in runs.values() for b in chosen):
+                add(next((b for b in ok if any(r["rows"][b][flag] for r in runs.values())), ok[0]))
+    for b in ok:
+        if first["facts"][b]["eos"] and first["facts"][b]["length"] not in lengths:
+            add(b)
+    limit_rows = [b for b in ok if not first["facts"][b]["eos"]]
+    if limit_rows and len(chosen) < d.rows:
+        add(limit_rows[0])
+    return chosen
+
+
+def _check_decoding(d: Decoding, runs: dict, src: np.ndarray, c: Config) -> list[str]:
+    """The batch rules; the reasons a batch fails them (empty when it passes)."""
+    why = []
+    tol = max(r["tol"] for r in runs.values())
+    for alpha, r in runs.items():
+        facts = r["facts"]
+        if not all(r["same"]) or min(r["margins"]) < tolerance.DECISION_MARGIN_FACTOR * tol:
+            why.append(f"alpha {alpha}: margin {min(r['margins']):.3g} < {tolerance.DECISION_MARGIN_FACTOR} * {tol:.3g}")
+        ends = sorted({f["length"] for f in facts if f["eos"]})
+        if len(ends) < d.eos_lengths or min(ends, default=0) < 2:
+            why.append(f"alpha {alpha}: EOS lengths {ends}: want {d.eos_lengths} or more, none at the first step")
+        if max(f["repeat"] for f in facts) > MAX_REPEAT:
+            why.append(f"alpha {alpha}: a row repeats one token in over {MAX_REPEAT:.0%} of its tokens")
+    if (src != c.pad_id).all():
+        why.append("no source row is padded")
+    if len(d.alphas) > 1:  # the length-penalty case: also a hypothesis overtaken, and an early stop
+        for flag in ("overtaken", "early_stop"):
+            if not any(row[flag] for r in runs.values() for row in r["rows"]):
+                why.append(f"no row with {flag}")
+        outs = [runs[a]["out"] for a in d.alphas]
+        for i, a in enumerate(d.alphas):
+            for j in range(i):
+                if outs[i].shape == outs[j].shape and np.array_equal(outs[i], outs[j]):
+                    why.append(f"alpha {a} and {d.alphas[j]} give the same tokens")
+    return why
+
+
+def _decode_case(w: _Writer, d: Decoding) -> None:
+    """Search seeds (deterministically) for weights and a batch that pass ``_check_decoding``; write the case."""
+    c = config("tiny_decoding", d.dtype)
+    for seed in d.seeds:
+        params = make_params(c, seed, d.eos_boost, d.cancel_residual, d.embedding_scale)
         P = ref.as_float64(params, c)
-        trace_x, trace_f = {}, {}
-        out = _run_search(kind, P, src, c, Numerics("exact"), trace_x, beam_size, alpha)
-        again = _run_search(kind, P, src, c, Numerics(c.dtype), trace_f, beam_size, alpha)
-        ends = (out == c.eos_id).any(axis=1)
-        if not np.array_equal(out, again) or ends.all() or not ends.any() \
-                or out.shape[1] < 4:
-            continue  # want both endings (EOS and the length limit) and more than a token or two
-        # The logits tolerance on the teacher-forced forward of the output itself.
-        tgt_in = np.concatenate([np.full((len(src), 1), c.bos_id), out[:, :-1]], axis=1)
-        tgt_in = np.where(np.cumsum(tgt_in == c.eos_id, axis=1) > 0, c.pad_id, tgt_in)
-        ex, fa = {}, {}
-        ref.forward(P, src, tgt_in, c, Numerics("exact"), ex)
-        ref.forward(P, src, tgt_in, c, Numerics(c.dtype), fa)
-        stats = _faithful_stats({"logits": ex["logits"]}, {"logits": fa["logits"]}, c, {"tgt": tgt_in}, {})
-        tol = tolerance.logits_tolerance_abs(tolerance.ErrorStats(**stats["logits"]))
-        margin = min(trace_x["margin"], trace_f["margin"])
-        if margin >= tolerance.DECISION_MARGIN_FACTOR * tol:
+        rng = np.random.default_rng(zlib.crc32(f"{d.name}/{seed}".encode()))
+        pool = _tokens(rng, c, list(rng.integers(2, d.S + 1, d.pool)), d.S, False)
+        runs = _decode_all(d, P, pool, c)
+        ok = [b for b in range(d.pool) if _row_ok(runs, b)]
+        if not ok:
+            continue
+        src = pool[_pick_rows(d, runs, ok)]
+        runs = _decode_all(d, P, src, c)
+        if not _check_decoding(d, runs, src, c):
             break
     else:
-        raise RuntimeError(f"{name}: no seed gave decisions with a safe margin")
-    meta = {"kind": kind, "tensors": {},
-            "decode": {"beam_size": beam_size if kind == "beam" else None, "alpha": alpha if kind == "beam" else None,
-                       "max_new_tokens": None, "margin": margin, "logits_tolerance": tol,
-                       "margin_required": tolerance.DECISION_MARGIN_FACTOR * tol}}
-    w.write(name, meta, {"src": src}, {"tokens": out}, c, params, seed, EOS_BOOST)
+        raise RuntimeError(f"{d.name}: no seed in {d.seeds[0]}..{d.seeds[-1]} passes the decoding rules")
+    for alpha, r in runs.items():
+        name = d.name if len(d.alphas) == 1 else f"{d.name}_alpha{alpha}_{d.dtype}"
+        rows = [{"length": f["length"], "eos": f["eos"], "margin": m,
+                 **{k: v for k, v in row.items() if k in ("steps", "early_stop", "overtaken")}}
+                for f, m, row in zip(r["facts"], r["margins"], r["rows"], strict=True)]
+        meta = {"kind": d.kind, "tensors": {},
+                "decode": {"beam_size": d.beam_size, "alpha": alpha if d.kind == "beam" else None,
+                           "max_new_tokens": d.max_new_tokens, "margin": min(r["margins"]),
+                           "logits_tolerance": r["tol"], "margin_required": tolerance.DECISION_MARGIN_FACTOR * r["tol"],
+                           "rows": rows}}
+        w.write(name, meta, {"src": src}, {"tokens": r["out"]}, c, params, seed, d.eos_boost, d.cancel_residual,
+                d.embedding_scale)
 
 
-def _run_search(kind: str, P: ref.Params, src: np.ndarray, c: Config, nx: Numerics, trace: dict, beam_size: int,
-                alpha: float) -> np.ndarray:
-    if kind == "greedy":
-        return search.greedy_search(P, src, c, nx, trace=trace)
-    return search.beam_search(P, src, c, nx, beam_size, alpha, trace=trace)
+DECODING_CASES = (
+    # bf16: across 30 seeds x 240 sources, only rows that end at EOS at the second step had every decision
+    # margin above 2.5 x the logits tolerance (longer rows: 0.3-0.8 needed, ~0.2 found), so this case asks for
+    # one EOS length; the fp32 cases, whose tolerance is 2^16 times smaller, cover several.
+    Decoding("greedy_tiny_bfloat16", "greedy", "bfloat16", eos_boost=2.0, cancel_residual=False, eos_lengths=1),
+    Decoding("greedy_tiny_float32", "greedy", "float32", max_new_tokens=12),
+    Decoding("beam_tiny", "beam", "float32", beam_size=4, alphas=(0.0, 0.6, 1.0), max_new_tokens=16, eos_boost=1.0,
+             embedding_scale=5.0, pool=100, seeds=tuple(range(116, 130))),  # 100-115 fail the rules (measured)
+    Decoding("beam1_tiny_float32", "beam", "float32", beam_size=1, max_new_tokens=16, eos_boost=1.0,
+             embedding_scale=5.0, pool=100),
+    Decoding("beam2_tiny_float32", "beam", "float32", beam_size=2, max_new_tokens=16, eos_boost=1.0,
+             embedding_scale=5.0, pool=100),
+    Decoding("beam6_tiny_float32", "beam", "float32", beam_size=6, max_new_tokens=16, eos_boost=1.0,
+             embedding_scale=5.0, pool=100),
+)
 
 
 # ----------------------------------------------------------------- all cases
@@ -327,11 +519,14 @@ def generate(root: Path) -> None:
                   layer_outputs_only=True)
     _forward_case(w, "forward_padded_bfloat16", "tiny", "bfloat16", 4, [11, 5, 8], 11, [9, 3, 6], 9)
     _forward_case(w, "forward_causal_bfloat16", "tiny", "bfloat16", 5, [6, 6], 6, [8, 8], 8, causal_pair=True)
-    _forward_case(w, "forward_base_bfloat16", "base", "bfloat16", 6, [6, 4], 6, [5, 5], 5, slice_last=24)
+    _forward_case(w, "forward_base_bfloat16", "base", "bfloat16", 6, [6, 4], 6, [5, 4], 5, sample=128)
+    _forward_case(w, "forward_tiny_bfloat16_params_float32", "tiny", "bfloat16", 8, [9, 6], 9, [7, 5], 7,
+                  param_dtype="float32")
+    _forward_case(w, "forward_tiny_float32_params_bfloat16", "tiny", "float32", 8, [9, 6], 9, [7, 5], 7,
+                  param_dtype="bfloat16")
     _forward_case(w, "incremental_tiny_bfloat16", "tiny", "bfloat16", 7, [8, 5], 8, [7, 4], 7, incremental=True)
-    _decode_case(w, "greedy_tiny_bfloat16", "greedy", "bfloat16", [6, 4, 7], 7)
-    _decode_case(w, "greedy_tiny_float32", "greedy", "float32", [6, 4, 7], 7)
-    _decode_case(w, "beam_tiny_float32", "beam", "float32", [5, 3, 6], 6)
+    for d in DECODING_CASES:
+        _decode_case(w, d)
 
 
 def check(root: Path = GOLDEN_DIR) -> list[str]:

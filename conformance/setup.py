@@ -14,4 +14,5 @@ class BuildPy(build_py):
 
 
 SPEC = (Path(__file__).resolve().parent.parent / "spec").as_uri()
-setup(cmdclass={"build_py": BuildPy}, install_requires=[f"aiayn-spec @ {SPEC}", "pytest>=8", "rich>=13"])
+setup(cmdclass={"build_py": BuildPy},
+      install_requires=[f"aiayn-spec @ {SPEC}", "pytest>=8", "rich>=13", "hypothesis>=6"])

@@ -3,7 +3,8 @@
 Both start from ``bos_id``, generate at most ``limit_b`` tokens for sequence b (default: its non-pad source
 length + 50, ``spec.validate.generation_limits``) and stop a sequence at ``eos_id``. Output: (B, L) int64 tokens
 that exclude BOS and include EOS, right-padded with ``pad_id`` to the longest row. Exact ties break toward the
-lower token id (in beam search, the lower flat index ``beam * V + token``). Cross-attention keys/values are
+lower token id (in beam search, the lower flat index ``beam * V + token``). Pad and BOS are never generated
+(``forbid_special``). Cross-attention keys/values are
 computed once per source; each step feeds one token per sequence through the cache. Inputs are validated once,
 up front; the steps then call the model's unchecked internals (``_encode``, ``_init_cache``, ``_decode``).
 """
@@ -16,6 +17,11 @@ from torch import Tensor
 from impl_torch.model import Ids, Transformer, device_ids, host_ids
 from spec import validate
 from spec.search import length_penalty
+
+
+def forbid_special(scores: Tensor, pad_id: int, bos_id: int) -> Tensor:
+    """scores (..., V) with ``pad_id`` and ``bos_id`` at -inf: never generated (``spec.search.forbid_special``)."""
+    return scores.index_fill(-1, torch.tensor([pad_id, bos_id], device=scores.device), -torch.inf)
 
 
 @torch.inference_mode()
@@ -36,7 +42,7 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     done = torch.zeros(len(limits), dtype=torch.bool, device=model.device)
     tokens = torch.full((len(limits),), c.bos_id, dtype=torch.long, device=model.device)
     for t in range(L):
-        logits = model._decode(tokens[:, None], cache)[:, 0]                    # (B, V) fp32
+        logits = forbid_special(model._decode(tokens[:, None], cache)[:, 0], c.pad_id, c.bos_id)  # (B, V) fp32
         tokens = logits.argmax(dim=-1).masked_fill(done, c.pad_id)              # argmax: first of equal maxima
         out[:, t] = tokens
         done |= (tokens == c.eos_id) | (t + 1 >= limit)
@@ -67,13 +73,14 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     at its limit or when its worst finished score >= best alive / lp(limit). Result: best finished, else best alive.
 
     Raises:
-        ValueError: from ``spec.validate.check_source``, ``check_beam`` and ``generation_limits``.
+        ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
     """
-    c, k, V, dev = model.config, beam_size, model.config.vocab_size, model.device
+    c, V, dev = model.config, model.config.vocab_size, model.device
     host = host_ids(src)
     validate.check_source(host, c)
-    validate.check_beam(beam_size, alpha)
     limits = validate.generation_limits(host, c, max_new_tokens)
+    validate.check_beam(beam_size, alpha, limits)
+    k, alpha = int(beam_size), float(alpha)
     B, L = len(limits), int(limits.max())
     src = device_ids(src, dev)
     memory = model._encode(src).repeat_interleave(k, dim=0)                         # (B*k, S, D): encoded once
@@ -90,7 +97,8 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     results: list[Tensor | None] = [None] * B
     for t in range(1, L + 1):
         logits = model._decode(tokens[:, None], cache)[:, 0]                         # (B*k, V) fp32
-        cand = (alive_lp[..., None] + torch.log_softmax(logits, dim=-1).view(B, k, V)).view(B, k * V)
+        logp = forbid_special(torch.log_softmax(logits, dim=-1), c.pad_id, c.bos_id)    # over all of V, then -inf
+        cand = (alive_lp[..., None] + logp.view(B, k, V)).view(B, k * V)
         top = _descending(cand)[:, :2 * k]                                          # (B, 2k)
         beam, tok, score = top // V, top % V, cand.gather(1, top)
         seq = torch.cat([_take(alive_seq, beam), tok[..., None]], dim=-1)            # (B, 2k, t)

@@ -26,6 +26,8 @@ Record = dict[str, Tensor] | None
 def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
     """``einsum(eq, x, w) + bias``, accumulated in fp32 and rounded once to ``out_dtype`` (default ``x.dtype``).
 
+    ``x`` is an activation; ``w`` and ``bias`` are cast to its dtype first (contract rule 0).
+
     On CUDA a bias-free bf16 product is a native bf16 GEMM: cuBLAS accumulates in fp32 and rounds once, provided
     ``allow_bf16_reduced_precision_reduction`` is off (``contract_numerics``). Everything else runs as an fp32
     GEMM of the upcast operands: a product of two bf16 values is exact in fp32, so this is the same contract, with
@@ -34,11 +36,12 @@ def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype
     bf16 GEMM (2-core AVX2, torch 2.13).
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    w = w.to(x.dtype)  # parameters enter in the activation dtype (rule 0); a no-op unless param_dtype differs
     if x.is_cuda and bias is None and x.dtype == w.dtype == out_dtype == torch.bfloat16:
         return torch.einsum(eq, x, w)
     y = torch.einsum(eq, x.float(), w.float())
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias.to(x.dtype).float()
     return y.to(out_dtype)
 
 
@@ -71,9 +74,10 @@ def positional_encoding(length: int, d_model: int, device: torch.device | str | 
 def embedding(table: Tensor, ids: Tensor, pe: Tensor, dtype: torch.dtype) -> Tensor:
     """``E[ids] * sqrt(D) + PE`` in fp32, rounded once to ``dtype`` (section 3.4, rule 3).
 
-    table (V, D), ids (B, L) int64, pe (L, D) float32 -> (B, L, D) ``dtype``.
+    table (V, D), ids (B, L) int64, pe (L, D) float32 -> (B, L, D) ``dtype``. Rows of the table enter in ``dtype``
+    (rule 0).
     """
-    x = F.embedding(ids, table).float() * math.sqrt(table.shape[-1])   # (B, L, D) fp32
+    x = F.embedding(ids, table).to(dtype).float() * math.sqrt(table.shape[-1])   # (B, L, D) fp32
     return (x + pe).to(dtype)
 
 
@@ -179,8 +183,10 @@ class FeedForward(nn.Module):
 
 
 def layer_norm(x: Tensor, scale: Tensor, bias: Tensor, eps: float) -> Tensor:
-    """LayerNorm over D (Ba et al., 2016): statistics and normalisation in fp32, rounded once to ``x.dtype``."""
-    return F.layer_norm(x.float(), x.shape[-1:], scale.float(), bias.float(), eps).to(x.dtype)
+    """LayerNorm over D (Ba et al., 2016): statistics and normalisation in fp32, rounded once to ``x.dtype``;
+    ``scale`` and ``bias`` enter in ``x.dtype`` (rule 0)."""
+    scale, bias = scale.to(x.dtype).float(), bias.to(x.dtype).float()
+    return F.layer_norm(x.float(), x.shape[-1:], scale, bias, eps).to(x.dtype)
 
 
 class LayerNorm(nn.Module):

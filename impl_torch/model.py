@@ -79,8 +79,8 @@ def host_ids(ids: Ids) -> np.ndarray:
 
 
 def device_ids(ids: Ids, device: torch.device) -> Tensor:
-    """Validated token ids as an int64 tensor on ``device``."""
-    return torch.as_tensor(np.asarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
+    """Validated token ids as an int64 tensor on ``device`` (NumPy arrays in any memory layout)."""
+    return torch.as_tensor(np.ascontiguousarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
 
 
 def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -216,12 +216,11 @@ class Transformer(nn.Module):
         ``src`` (B, S): computes every decoder layer's cross-attention keys/values once.
 
         Raises:
-            ValueError: from ``spec.validate.check_source``, or if ``capacity`` is not in [1, max_len].
+            ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]).
         """
         validate.check_source(host_ids(src), self.config)
-        if not 1 <= capacity <= self.config.max_len:
-            raise ValueError(f"capacity must lie in [1, max_len={self.config.max_len}], got {capacity}")
-        return self._init_cache(memory, device_ids(src, self.device), capacity)
+        validate.check_capacity(capacity, self.config)
+        return self._init_cache(memory, device_ids(src, self.device), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> Tensor:
         """Decoder stack over n new tokens (B, n) at positions ``cache.length``.. -> logits (B, n, V) float32.
@@ -231,16 +230,10 @@ class Transformer(nn.Module):
         itself.
 
         Raises:
-            ValueError: from ``spec.validate.check_tokens``, if the batch differs from the cache's, or if the
-                cache has no room for n more positions.
+            ValueError: from ``spec.validate.check_decode``: bad ids, a batch that differs from the cache's, or
+                no room in the cache for n more positions.
         """
-        host = host_ids(tokens)
-        validate.check_tokens("tokens", host, self.config)
-        if host.shape[0] != cache.key_mask.shape[0]:
-            raise ValueError(f"tokens: batch {host.shape[0]} differs from the cache's {cache.key_mask.shape[0]}")
-        if cache.length + host.shape[1] > cache.capacity:
-            raise ValueError(f"tokens: {host.shape[1]} new positions after {cache.length} exceed the cache "
-                             f"capacity {cache.capacity}")
+        validate.check_decode(host_ids(tokens), self.config, cache.key_mask.shape[0], cache.length, cache.capacity)
         return self._decode(device_ids(tokens, self.device), cache)
 
     def output_projection(self, h: Tensor) -> Tensor:

@@ -74,8 +74,8 @@ def positions_of(tensor: str) -> str | None:
 
 def checked_part(name: str, full: dict[str, np.ndarray], sampling: dict) -> np.ndarray:
     """The part of a recorded tensor that a case stores and checks (``meta["sampling"]``): ``full[name]`` at
-    ``columns`` feature columns spread evenly over its last axis (all if not given), or, for ``"logits@rows"``, whole logit rows over the
-    vocabulary at the sampled (batch, position) pairs."""
+    ``columns`` feature columns spread evenly over its last axis (all if not given), or, for
+    ``"logits@rows"``, whole logit rows over the vocabulary at the sampled (batch, position) pairs."""
     if name.endswith("@rows"):
         b, t = np.asarray(sampling["rows"]).T
         return np.asarray(full[name.removesuffix("@rows")])[b, t]
@@ -427,7 +427,8 @@ def _check_decoding(d: Decoding, runs: dict, src: np.ndarray, c: Config) -> list
     for alpha, r in runs.items():
         facts = r["facts"]
         if not all(r["same"]) or min(r["margins"]) < tolerance.DECISION_MARGIN_FACTOR * tol:
-            why.append(f"alpha {alpha}: margin {min(r['margins']):.3g} < {tolerance.DECISION_MARGIN_FACTOR} * {tol:.3g}")
+            why.append(f"alpha {alpha}: margin {min(r['margins']):.3g} < "
+                       f"{tolerance.DECISION_MARGIN_FACTOR} * {tol:.3g}")
         ends = sorted({f["length"] for f in facts if f["eos"]})
         if len(ends) < d.eos_lengths or min(ends, default=0) < 2:
             why.append(f"alpha {alpha}: EOS lengths {ends}: want {d.eos_lengths} or more, none at the first step")

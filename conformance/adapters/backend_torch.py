@@ -46,9 +46,13 @@ class TorchModel:
         return self._np(self.model.encode(src))
 
     @torch.inference_mode()
-    def decode_steps(self, src, tgt_in):
-        cache = self.model.init_cache(self.model.encode(src), src, capacity=np.shape(tgt_in)[1])
-        steps = [self.model.decode(tgt_in[:, t:t + 1], cache) for t in range(np.shape(tgt_in)[1])]
+    def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
+        T = np.shape(tgt_in)[1]
+        cache = self.model.init_cache(self.model.encode(src), src, capacity=T if capacity is None else capacity)
+        steps, start = [], 0
+        for n in chunks if chunks is not None else [1] * T:
+            steps.append(self.model.decode(tgt_in[:, start:start + n], cache))
+            start += n
         return self._np(torch.cat(steps, dim=1))
 
     def greedy(self, src, max_new_tokens=None):

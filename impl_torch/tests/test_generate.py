@@ -26,7 +26,7 @@ def test_same_tokens_as_spec_search(kind, model32, ids):
     """The float32 model's decisions match the reference's (spec.search) on these inputs."""
     src = ids(20, 3, 6)
     src[1, 4:] = C32.pad_id
-    P = ref.as_float64(impl_torch.params_of(model32))
+    P = ref.as_float64(impl_torch.params_of(model32), C32)
     if kind == "greedy":
         want = search.greedy_search(P, src.numpy(), C32, Numerics("float32"), max_new_tokens=12)
         got = impl_torch.greedy_search(model32, src, max_new_tokens=12)

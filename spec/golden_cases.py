@@ -115,7 +115,7 @@ class _Writer:
                            "cancel_residual": cancel_residual, "embedding_scale": embedding_scale,
                            "sha256": params_digest(params)},
                 "tolerance_policy": {"max_ratio": tolerance.MAX_RATIO, "rms_ratio": tolerance.RMS_RATIO,
-                                     "floor_eps": tolerance.FLOOR_EPS},
+                                     "floor_eps": tolerance.FLOOR_EPS, "rms_allowance": "floor_eps / sqrt(n)"},
                 **meta}
         meta["sha256"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.glob("*.safetensors"))}
         (d / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")

@@ -11,7 +11,9 @@ error against exact: the error of an *ideal* implementation of the contract,
 one that rounds only where ``spec.numerics`` says. A backend passes when
 
     max err_eps  <= max(MAX_RATIO * faithful max err_eps, FLOOR_EPS)
-    rms err_eps  <= RMS_RATIO * faithful rms err_eps        (bf16 only; no floor)
+    rms err_eps  <= RMS_RATIO * faithful rms err_eps + FLOOR_EPS / sqrt(n)    (bf16 only)
+
+where n is the number of elements judged.
 
 Why these numbers (per dtype):
 
@@ -27,13 +29,17 @@ over a tensor is dominated by a few propagated flips: MAX_RATIO = 4.
 FLOOR_EPS = 1 covers tensors whose ideal max error is near zero (a single
 rounding), where a flip costs one ulp.
 
-The RMS bound has no floor. Until generator version 2 it was
-max(1.5 x faithful RMS, 1 ulp), and the 1-ulp floor set the bound for 111 of
-the 213 bf16 tensors, allowing up to 5x the ideal's RMS error (median 1.9x).
-Measured on those 111 tensors, the conformant backends' RMS error is at most
-1.31x the ideal's (jax; median 0.94), 1.11x (torch) and 1.09x (tf), so the
-floor bought nothing but blindness; the attention-scores-rounded-to-bf16
-mutant reaches 18.6x on one of them.
+The RMS bound's allowance beyond the ratio is one flip: one element off by
+one more ulp raises the RMS error of n elements by 1/sqrt(n) ulps, which is
+sampling noise, not a broken rounding, when n is small (a random config's 8
+logits: jax measured 0.734 ulps RMS against 1.5 x 0.32). Until generator
+version 2 the allowance was a floor, max(1.5 x faithful RMS, 1 ulp), which set
+the bound for 111 of the 213 bf16 golden tensors and allowed up to 5x the
+ideal's RMS error (median 1.9x) on tensors of hundreds of elements. Measured
+on those 111 tensors, the conformant backends' RMS error is at most 1.31x the
+ideal's (jax; median 0.94), 1.11x (torch) and 1.09x (tf); the
+attention-scores-rounded-to-bf16 mutant reaches 18.6x on one of them. With
+n >= 448 in every golden tensor, one flip adds at most 0.047 ulps.
 
 An extra rounding the contract forbids is not always visible at ordinary
 magnitudes: attention scores rounded to bf16 stayed within these bounds on
@@ -125,7 +131,8 @@ def judge(actual: np.ndarray, exact: np.ndarray, faithful: ErrorStats) -> Verdic
     dtype = faithful.unit
     stats = error_stats(actual, exact, dtype)
     max_allowed = max(MAX_RATIO[dtype] * faithful.max_eps, FLOOR_EPS[dtype])
-    rms_allowed = None if RMS_RATIO[dtype] is None else RMS_RATIO[dtype] * faithful.rms_eps
+    flip = FLOOR_EPS[dtype] / np.sqrt(np.size(actual))
+    rms_allowed = None if RMS_RATIO[dtype] is None else RMS_RATIO[dtype] * faithful.rms_eps + flip
     ok = stats.max_eps <= max_allowed and (rms_allowed is None or stats.rms_eps <= rms_allowed)
     ratio = stats.max_eps / faithful.max_eps if faithful.max_eps > 0 else (0.0 if stats.max_eps == 0 else np.inf)
     return Verdict(bool(ok), stats, max_allowed, rms_allowed, float(ratio))

@@ -4,6 +4,7 @@ Both follow ``spec.search`` step for step: start from BOS, stop each sequence
 at EOS or at its own limit (non-pad source length + 50 by default,
 ``spec.validate.generation_limits``), return tokens (B, L) int32 that exclude
 BOS, include EOS and are right-padded with ``pad_id`` to the longest row.
+Pad and BOS are never generated (``forbid_special``).
 
 Shapes are static and limits are data: the cache capacity P is
 ``max_new_tokens`` if given, else ``min(max_len, S + 50)`` (every default
@@ -38,7 +39,7 @@ EXTRA = 50  # default limit: source length + 50 (section 6.1)
 
 def _capacity(src: np.ndarray, config: Config, max_new_tokens: int | None) -> int:
     """Static cache capacity: every sequence's limit fits (``validate.generation_limits`` checked max_len)."""
-    return max_new_tokens if max_new_tokens is not None else min(config.max_len, src.shape[1] + EXTRA)
+    return int(max_new_tokens) if max_new_tokens is not None else min(config.max_len, src.shape[1] + EXTRA)
 
 
 def _prefill(params: Params, src: jax.Array, config: Config, capacity: int, repeat: int = 1) -> model.KVCache:
@@ -47,6 +48,11 @@ def _prefill(params: Params, src: jax.Array, config: Config, capacity: int, repe
     rep = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  row b*k + j is beam j of sequence b
     return cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
                           memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
+
+
+def forbid_special(scores: jax.Array, config: Config) -> jax.Array:
+    """scores (..., V) with ``pad_id`` and ``bos_id`` at -inf: never generated (``spec.search.forbid_special``)."""
+    return scores.at[..., jnp.asarray([config.pad_id, config.bos_id])].set(-jnp.inf)
 
 
 # ----------------------------------------------------------------- greedy
@@ -59,7 +65,8 @@ def _greedy(params: Params, src: jax.Array, limits: jax.Array, config: Config, c
     def step(state):
         t, tokens, out, done, cache = state
         logits, cache = model.decoder_stack(params, tokens[:, None], cache, config)           # (B, 1, V)
-        tokens = jnp.where(done, config.pad_id, jnp.argmax(logits[:, 0], axis=-1))      # first of equal maxima
+        best = jnp.argmax(forbid_special(logits[:, 0], config), axis=-1)                  # first of equal maxima
+        tokens = jnp.where(done, config.pad_id, best)
         done = done | (tokens == config.eos_id) | (t + 1 >= limits)
         return t + 1, tokens, out.at[:, t].set(tokens), done, cache
 
@@ -108,7 +115,7 @@ def _beam(params: Params, src: jax.Array, limits: jax.Array, lp: jax.Array, conf
     def step(state):  # s: per-sequence beam state, arrays with leading axes (B, k)
         t, s, done, cache = state
         logits, cache = model.decoder_stack(params, s["tokens"].reshape(B * k, 1), cache, config)   # (B*k, 1, V)
-        logp = jax.nn.log_softmax(logits[:, 0], axis=-1).reshape(B, k, V)                    # fp32
+        logp = forbid_special(jax.nn.log_softmax(logits[:, 0], axis=-1), config).reshape(B, k, V)  # fp32
         cand, top = _top((s["alive_lp"][:, :, None] + logp).reshape(B, k * V), 2 * k)        # (B, 2k)
         beam, tok = top // V, top % V
         seq = _take(s["alive_seq"], beam).at[:, :, t].set(tok)                                # (B, 2k, P)
@@ -162,12 +169,13 @@ def beam_search(params: Params, config: Config, src, beam_size: int = 4, alpha: 
     early-stop rule or its limit) and then keeps its state.
 
     Raises:
-        ValueError: from ``spec.validate.check_source``, ``check_beam`` and ``generation_limits``.
+        ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
     """
     src = np.asarray(src)
     validate.check_source(src, config)
-    validate.check_beam(beam_size, alpha)
     limits = validate.generation_limits(src, config, max_new_tokens)
+    validate.check_beam(beam_size, alpha, limits)
+    beam_size, alpha = int(beam_size), float(alpha)
     capacity = _capacity(src, config, max_new_tokens)
     best, length = _beam(params, jnp.asarray(src, jnp.int32), jnp.asarray(limits, jnp.int32),
                          jnp.asarray(length_penalty_table(capacity, alpha)), config, capacity, beam_size)

@@ -79,14 +79,16 @@ def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask:
     in fp32, softmax in fp32, probabilities cast to the value dtype before P V.
     It masks with -0.7 * fp32 max instead of ``MASKED_SCORE``: masked keys still
     get exactly zero weight and fully masked (padding) query rows stay finite,
-    which is all the contract asks. It needs d_v == d_k. "auto" (what the model
-    uses) takes "xla" where d_v == d_k, else "einsum". "cudnn" asks
+    which is all the contract asks. It needs d_v == d_k, and on the CPU (jax
+    0.10.2) it fails to compile in bf16 when batch and heads are 1 and the query
+    or key length is 1 ("ALG_DOT_BF16_BF16_F32 not supported by the
+    ElementalIrEmitter"): a one-token decoding step of one sequence. "auto"
+    (what the model uses) is therefore "einsum", which lowers to the same XLA
+    operations. "cudnn" asks
     ``jax.nn.dot_product_attention`` for cuDNN's fused kernel on NVIDIA GPUs;
     it is not checked against the contract here.
     """
-    if implementation == "auto":
-        implementation = "xla" if k.shape[-1] == v.shape[-1] else "einsum"
-    if implementation == "einsum":
+    if implementation in ("auto", "einsum"):
         return _attention_einsum(q, k, v, mask)
     with jax.default_matmul_precision("highest"):  # fp32 mode: true fp32 products (no-op for bf16)
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=float(1.0 / np.sqrt(q.shape[-1])),

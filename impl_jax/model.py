@@ -153,15 +153,14 @@ def init_cache(params: Params, config: Config, memory: jax.Array, src, capacity:
 
     Raises:
         ValueError: from ``spec.validate.check_source``, or if ``capacity`` is not
-            an int in [1, config.max_len] or ``memory`` does not match ``src``.
+            an int in [1, config.max_len] (``check_capacity``) or ``memory`` does not match ``src``.
     """
     src = np.asarray(src)
     validate.check_source(src, config)
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or not 1 <= capacity <= config.max_len:
-        raise ValueError(f"capacity must be an int in [1, max_len={config.max_len}], got {capacity!r}")
+    validate.check_capacity(capacity, config)
     if tuple(memory.shape) != (*src.shape, config.d_model):
         raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {src.shape} and d_model")
-    return _init_cache_jit(params, memory, jnp.asarray(src, jnp.int32), config, capacity)
+    return _init_cache_jit(params, memory, jnp.asarray(src, jnp.int32), config, int(capacity))
 
 
 def decode(params: Params, config: Config, tokens, cache: KVCache) -> tuple[jax.Array, KVCache]:
@@ -172,16 +171,11 @@ def decode(params: Params, config: Config, tokens, cache: KVCache) -> tuple[jax.
     padding keys; cross-attention uses the cache's precomputed K/V.
 
     Raises:
-        ValueError: from ``spec.validate.check_tokens``, if the batch differs from
-            the cache's, or if the tokens do not fit in the cache's capacity.
+        ValueError: from ``spec.validate.check_decode``: bad ids, a batch that differs
+            from the cache's, or tokens that do not fit in the cache's capacity.
     """
     tokens = np.asarray(tokens)
-    validate.check_tokens("tokens", tokens, config)
-    if tokens.shape[0] != cache.key_mask.shape[0]:
-        raise ValueError(f"tokens batch {tokens.shape[0]} differs from the cache's {cache.key_mask.shape[0]}")
-    start = int(cache.length)
-    if start + tokens.shape[1] > cache.capacity:
-        raise ValueError(f"{tokens.shape[1]} tokens at position {start} exceed the cache capacity {cache.capacity}")
+    validate.check_decode(tokens, config, cache.key_mask.shape[0], int(cache.length), cache.capacity)
     return _decode_jit(params, jnp.asarray(tokens, jnp.int32), cache, config)
 
 

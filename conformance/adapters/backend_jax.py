@@ -44,13 +44,15 @@ class JaxModel:
     def encode(self, src):
         return _np(impl_jax.encode(self.params, self.config, src))
 
-    def decode_steps(self, src, tgt_in):
+    def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
+        T = np.shape(tgt_in)[1]
         memory = impl_jax.encode(self.params, self.config, src)
-        cache = impl_jax.init_cache(self.params, self.config, memory, src, capacity=np.shape(tgt_in)[1])
-        steps = []
-        for t in range(np.shape(tgt_in)[1]):
-            logits, cache = impl_jax.decode(self.params, self.config, np.asarray(tgt_in)[:, t:t + 1], cache)
+        cache = impl_jax.init_cache(self.params, self.config, memory, src, capacity=T if capacity is None else capacity)
+        steps, start = [], 0
+        for n in chunks if chunks is not None else [1] * T:
+            logits, cache = impl_jax.decode(self.params, self.config, np.asarray(tgt_in)[:, start:start + n], cache)
             steps.append(logits)
+            start += n
         return _np(jnp.concatenate(steps, axis=1))
 
     def greedy(self, src, max_new_tokens=None):
@@ -60,7 +62,7 @@ class JaxModel:
         return _np(impl_jax.beam_search(self.params, self.config, src, beam_size, alpha, max_new_tokens))
 
     def run_layer(self, layer, prefix, inputs):
-        p = impl_jax.params_at(self.params, prefix)
+        p = impl_jax.params_at(impl_jax.model.cast_params(self.params, self.config), prefix)
         return {k: _np(v) for k, v in _layer_fn(layer, self.config)(p, **inputs).items()}
 
     def save(self, path: Path) -> None:

@@ -24,7 +24,7 @@ def test_forward_matches_the_spec_reference(dtype, make, tokens):
     src, tgt = tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True)
     src[1, 5:] = c.pad_id
     logits = np.asarray(impl_jax.forward(params, c, src, tgt))
-    exact = ref.forward(ref.as_float64(impl_jax.to_flat(params)), src, tgt, c, Numerics(c.dtype))
+    exact = ref.forward(ref.as_float64(impl_jax.to_flat(params), c), src, tgt, c, Numerics(c.dtype))
     assert logits.dtype == np.float32 and logits.shape == (2, 5, c.vocab_size)
     np.testing.assert_allclose(logits, exact, atol=_tol(c))
 
@@ -73,7 +73,8 @@ def test_kv_cache_one_token_at_a_time_and_in_chunks_matches_forward(tiny, tokens
     (lambda p, c, s: impl_jax.forward(p, c, s.astype(np.float32), s), "src: token ids must be integers"),
     (lambda p, c, s: impl_jax.forward(p, c, s, np.where(s == s[0, 0], c.vocab_size, s)), "tgt_in: token id 61"),
     (lambda p, c, s: impl_jax.encode(p, c, jnp.asarray(s) * 0), "src: sequence 0 is all padding"),
-    (lambda p, c, s: impl_jax.decode(p, c, -s, None), "tokens: token id -"),
+    (lambda p, c, s: impl_jax.decode(p, c, -s, impl_jax.init_cache(p, c, impl_jax.encode(p, c, s), s, 8)),
+     "tokens: token id -"),
     (lambda p, c, s: impl_jax.init_cache(p, c, impl_jax.encode(p, c, s), s, c.max_len + 1), "capacity must be"),
 ], ids=["float_ids", "id_at_vocab_size", "all_pad_device_array", "negative_decode_id", "capacity"])
 def test_bad_input_raises_before_tracing(tiny, call, pattern, tokens):

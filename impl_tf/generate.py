@@ -3,7 +3,8 @@
 Both follow ``spec.search`` step for step: start from ``bos_id``; at most ``limit_b`` tokens for sequence b
 (default its non-pad source length + 50, ``spec.validate.generation_limits``); stop a sequence at ``eos_id``;
 exact ties break toward the lower token id (beam search: the lower flat index ``beam * V + token``), which
-``tf.math.top_k`` guarantees ("if two elements are equal, the lower-index element appears first"). Output
+``tf.math.top_k`` guarantees ("if two elements are equal, the lower-index element appears first"). Pad and
+BOS are never generated (``forbid_special``). Output
 tokens exclude BOS, include EOS, and rows are right-padded with ``pad_id`` to the longest row.
 
 Cross-attention K/V are computed once per source; each step runs the decoder on one token per row.
@@ -40,6 +41,12 @@ def _log_softmax(logits: tf.Tensor) -> tf.Tensor:
     return z - tf.math.log(tf.reduce_sum(tf.exp(z), axis=-1, keepdims=True))
 
 
+def forbid_special(scores: tf.Tensor, pad_id: int, bos_id: int) -> tf.Tensor:
+    """scores (..., V) with ``pad_id`` and ``bos_id`` at -inf: never generated (``spec.search.forbid_special``)."""
+    special = tf.reduce_any(tf.range(tf.shape(scores)[-1])[:, None] == [pad_id, bos_id], axis=-1)  # (V,)
+    return tf.where(special, tf.constant(NEG_INF, scores.dtype), scores)
+
+
 # ----------------------------------------------------------------- greedy
 
 def _greedy_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tensor):
@@ -50,7 +57,7 @@ def _greedy_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.
 
     def step(t, tokens, done, out, cache):
         logits, cache = model.decoder(tokens[:, None], cache)                    # (B, 1, V)
-        best = tf.math.top_k(logits[:, 0], 1).indices[:, 0]                      # (B,) lowest id among maxima
+        best = tf.math.top_k(forbid_special(logits[:, 0], c.pad_id, c.bos_id), 1).indices[:, 0]  # lowest id of maxima
         tokens = tf.where(done, c.pad_id, best)
         out = tf.where(tf.range(T_max)[None, :] == t, tokens[:, None], out)      # out[:, t] = tokens
         done = done | (tokens == c.eos_id) | (t + 1 >= limits)
@@ -97,7 +104,8 @@ def _beam_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.
 
     def step(s):
         logits, cache = model.decoder(s["tokens"][:, None], s["cache"])                      # (B k, 1, V)
-        cand = s["alive_lp"][:, :, None] + tf.reshape(_log_softmax(logits[:, 0]), [B, k, V])  # (B, k, V)
+        logp = forbid_special(_log_softmax(logits[:, 0]), c.pad_id, c.bos_id)                 # over all of V
+        cand = s["alive_lp"][:, :, None] + tf.reshape(logp, [B, k, V])                        # (B, k, V)
         cand, top = tf.math.top_k(tf.reshape(cand, [B, k * V]), 2 * k)                       # (B, 2k) lower index first
         beam, tok = top // V, top % V
         seq = tf.gather(s["alive_seq"], beam, batch_dims=1)                                  # (B, 2k, T_max)
@@ -131,13 +139,14 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     the best alive one; L is the longest row.
 
     Raises:
-        ValueError: from ``spec.validate.check_source``, ``check_beam`` and ``generation_limits``, before any
+        ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``, before any
             computation.
     """
     c = model.config
     validate.check_source(np.asarray(src), c)
-    validate.check_beam(beam_size, alpha)
     limits = validate.generation_limits(np.asarray(src), c, max_new_tokens)
+    validate.check_beam(beam_size, alpha, limits)
+    beam_size, alpha = int(beam_size), float(alpha)
     signature = [IDS, tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float64), IDS]
     loop = _compiled(model, f"beam_{beam_size}", functools.partial(_beam_loop, k=beam_size), signature)
     seq = tf.fill([len(limits), int(limits.max())], c.pad_id)

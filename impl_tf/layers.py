@@ -34,7 +34,11 @@ def _record(rec: Record, name: str, x: tf.Tensor) -> tf.Tensor:
 
 
 def _matmul_fp32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tensor:
-    """``a @ b`` (batch dims broadcast) with an fp32 accumulator, returned in fp32 (module docstring)."""
+    """``a @ b`` (batch dims broadcast) with an fp32 accumulator, returned in fp32 (module docstring).
+
+    ``a`` is an activation; ``b`` enters in its dtype (a parameter stored in another dtype is cast: rule 0).
+    """
+    b = tf.cast(b, a.dtype)
     if a.dtype == tf.float32 or tf.executing_eagerly():
         return tf.matmul(tf.cast(a, tf.float32), tf.cast(b, tf.float32), transpose_b=transpose_b)
     return tf.matmul(a, b, transpose_b=transpose_b, output_type=tf.float32)  # needs jit_compile=True
@@ -48,7 +52,7 @@ def _tensordot(x: tf.Tensor, w: tf.Tensor, axes: int = 1, bias: tf.Tensor | None
     batch = tf.shape(x)[:-axes]
     y = _matmul_fp32(tf.reshape(x, tf.concat([batch, [-1]], 0)), tf.reshape(w, [math.prod(w.shape[:axes]), -1]))
     if bias is not None:
-        y += tf.cast(bias, tf.float32)
+        y += tf.cast(tf.cast(bias, x.dtype), tf.float32)
     return tf.cast(tf.reshape(y, tf.concat([batch, w.shape[axes:]], 0)), x.dtype)
 
 
@@ -78,15 +82,17 @@ class Embedding(tf.Module):
     def __init__(self, c: Config, params: dict[str, np.ndarray]):
         super().__init__(name="embedding")
         self.path = "embedding"
-        self.embedding = _variable(params, "embedding")                   # (V, D)
+        self.embedding = _variable(params, "embedding")                   # (V, D) in param_dtype
+        self.dtype = tf.as_dtype(c.dtype)                                 # the activation dtype, from the config
         self.pe = positional_encoding(c.max_len, c.d_model)               # (max_len, D) fp32
         self.scale = tf.constant(math.sqrt(c.d_model), tf.float32)
 
     def __call__(self, ids: tf.Tensor, start: tf.Tensor | int = 0) -> tf.Tensor:
         """ids (B, L) int at positions ``start...`` -> (B, L, D), fp32 sum rounded once to the activation dtype."""
-        x = tf.cast(tf.gather(self.embedding, ids), tf.float32) * self.scale    # (B, L, D) fp32
+        rows = tf.cast(tf.gather(self.embedding, ids), self.dtype)               # rule 0: in the activation dtype
+        x = tf.cast(rows, tf.float32) * self.scale                               # (B, L, D) fp32
         pe = tf.gather(self.pe, start + tf.range(tf.shape(ids)[1]))              # (L, D) fp32
-        return tf.cast(x + pe, self.embedding.dtype)
+        return tf.cast(x + pe, self.dtype)
 
     def logits(self, h: tf.Tensor) -> tf.Tensor:
         """Tied output projection ``h E^T`` (section 3.4): (B, n, D) -> (B, n, V) float32, never rounded."""
@@ -171,7 +177,8 @@ class LayerNorm(tf.Module):
         x32 = tf.cast(x, tf.float32)
         mu = tf.reduce_mean(x32, axis=-1, keepdims=True)
         var = tf.reduce_mean(tf.square(x32 - mu), axis=-1, keepdims=True)
-        y = (x32 - mu) / tf.sqrt(var + self.eps) * tf.cast(self.scale, tf.float32) + tf.cast(self.bias, tf.float32)
+        scale, bias = (tf.cast(tf.cast(p, x.dtype), tf.float32) for p in (self.scale, self.bias))  # rule 0
+        y = (x32 - mu) / tf.sqrt(var + self.eps) * scale + bias
         return tf.cast(y, x.dtype)
 
 

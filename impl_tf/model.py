@@ -150,7 +150,7 @@ class Transformer(tf.Module):
 
     def _cache_spec(self) -> KVCache:
         """Shape-polymorphic signature of a KVCache: one trace serves every batch size and capacity."""
-        c, L, act = self.config, self.config.n_decoder_layers, self.embedding.embedding.dtype
+        c, L, act = self.config, self.config.n_decoder_layers, self.embedding.dtype
         spec = lambda d: (tf.TensorSpec([None, None, c.n_heads, d], act),) * L  # noqa: E731
         return KVCache(spec(c.d_k), spec(c.d_v), tf.TensorSpec([None, None], tf.bool), tf.TensorSpec([], tf.int32),
                        spec(c.d_k), spec(c.d_v), tf.TensorSpec([None, None], tf.bool))
@@ -192,15 +192,14 @@ class Transformer(tf.Module):
         """An empty KV cache for ``capacity`` target positions; cross-attention K/V of memory (B, S, D) computed once.
 
         Raises:
-            ValueError: from ``spec.validate.check_source``, or if ``capacity`` is not in [1, max_len] or the
-                batch sizes of memory and src differ.
+            ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]),
+                or if the batch sizes of memory and src differ.
         """
         validate.check_source(np.asarray(src), self.config)
-        if not isinstance(capacity, int) or not 1 <= capacity <= self.config.max_len:
-            raise ValueError(f"capacity must be an int in [1, max_len={self.config.max_len}], got {capacity!r}")
+        validate.check_capacity(capacity, self.config)
         if tuple(memory.shape[:2]) != np.shape(src):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src shape {np.shape(src)}")
-        return self.decoder.init_cache(memory, as_ids(src), capacity)
+        return self.decoder.init_cache(memory, as_ids(src), int(capacity))
 
     def decode(self, tokens, cache: KVCache) -> tuple[tf.Tensor, KVCache]:
         """n new target tokens (B, n) int at positions ``cache.length...`` -> logits (B, n, V) float32, new cache.
@@ -209,13 +208,9 @@ class Transformer(tf.Module):
         the cache.
 
         Raises:
-            ValueError: from ``spec.validate.check_tokens``, or if the batch size differs from the cache's or
-                the cache has no room for n more positions.
+            ValueError: from ``spec.validate.check_decode``: bad ids, a batch that differs from the cache's, or
+                no room in the cache for n more positions.
         """
-        validate.check_tokens("tokens", np.asarray(tokens), self.config)
-        (B, n), (B_cache, capacity), length = np.shape(tokens), cache.key_mask.shape, int(cache.length)
-        if B != B_cache:
-            raise ValueError(f"tokens: batch size {B} differs from the cache's {B_cache}")
-        if length + n > capacity:
-            raise ValueError(f"tokens: {n} new positions after {length} exceed the cache capacity {capacity}")
+        B, capacity = cache.key_mask.shape
+        validate.check_decode(np.asarray(tokens), self.config, B, int(cache.length), capacity)
         return self._decode(as_ids(tokens), cache)

@@ -43,13 +43,14 @@ class TFModel:
     def encode(self, src):
         return self.model.encode(src).numpy()
 
-    def decode_steps(self, src, tgt_in):
-        memory = self.model.encode(src)
-        cache = self.model.init_cache(memory, src, np.shape(tgt_in)[1])
-        steps = []
-        for t in range(np.shape(tgt_in)[1]):
-            logits, cache = self.model.decode(np.asarray(tgt_in)[:, t:t + 1], cache)
+    def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
+        T = np.shape(tgt_in)[1]
+        cache = self.model.init_cache(self.model.encode(src), src, T if capacity is None else capacity)
+        steps, start = [], 0
+        for n in chunks if chunks is not None else [1] * T:
+            logits, cache = self.model.decode(np.asarray(tgt_in)[:, start:start + n], cache)
             steps.append(logits.numpy())
+            start += n
         return np.concatenate(steps, axis=1)
 
     def greedy(self, src, max_new_tokens=None):

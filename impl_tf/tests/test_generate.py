@@ -37,7 +37,7 @@ def test_greedy_matches_spec_search(model_f32, tokens):
     m, trace = model_f32, {}
     src = _src(tokens, m.config.pad_id)
     got = impl_tf.greedy_search(m, src, max_new_tokens=12).numpy()
-    params = ref.as_float64({k: v.numpy() for k, v in m.parameters().items()})
+    params = ref.as_float64({k: v.numpy() for k, v in m.parameters().items()}, m.config)
     want = search.greedy_search(params, src, m.config, Numerics("float32"), 12, trace=trace)
     assert got.dtype == np.int64 and trace["margin"] > MARGIN
     np.testing.assert_array_equal(got, want)
@@ -48,7 +48,7 @@ def test_beam_matches_spec_search(model_f32, tokens, beam_size, alpha):
     m, trace = model_f32, {}
     src = _src(tokens, m.config.pad_id)
     got = impl_tf.beam_search(m, src, beam_size, alpha, max_new_tokens=12).numpy()
-    params = ref.as_float64({k: v.numpy() for k, v in m.parameters().items()})
+    params = ref.as_float64({k: v.numpy() for k, v in m.parameters().items()}, m.config)
     want = search.beam_search(params, src, m.config, Numerics("float32"), beam_size, alpha, 12, trace=trace)
     assert trace["margin"] > MARGIN
     np.testing.assert_array_equal(got, want)

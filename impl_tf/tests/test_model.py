@@ -30,7 +30,7 @@ def test_forward_matches_the_reference_and_records_every_intermediate(model, par
     for name, (shape, dtype) in expected.items():
         x = logits if name == "logits" else rec[name]
         assert tuple(x.shape) == shape and x.numpy().dtype == (np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
-    want = ref.forward(ref.as_float64(params), src, tgt_in, model.config, Numerics("bfloat16"))
+    want = ref.forward(ref.as_float64(params, model.config), src, tgt_in, model.config, Numerics("bfloat16"))
     assert np.abs(logits.numpy() - want).max() < 0.05
 
 
@@ -69,7 +69,7 @@ def test_kv_cache_step_by_step_equals_one_call(model, tokens):
 def test_decode_rejects_a_batch_size_other_than_the_cache(model, tokens):
     src = tokens(8, 2, 6)
     cache = model.init_cache(model.encode(src), src, capacity=4)
-    with pytest.raises(ValueError, match="batch size 3 differs from the cache's 2"):
+    with pytest.raises(ValueError, match="tokens: batch 3 differs from the cache's 2"):
         model.decode(tokens(9, 3, 1), cache)
 
 

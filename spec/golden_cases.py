@@ -392,8 +392,9 @@ def _row_ok(runs: dict, b: int) -> bool:
 
 
 def _pick_rows(d: Decoding, runs: dict, ok: list[int]) -> list[int]:
-    """Rows of the pool for the case: EOS at distinct lengths first (for several alphas, rows whose output
-    depends on alpha, then an overtaken and an early-stopped row), at most one row that hits its limit."""
+    """Rows of the pool for the case: for several alphas, rows whose output depends on alpha, an overtaken
+    and an early-stopped row; then EOS at distinct lengths, at most one row that hits its limit, and
+    other passing rows up to three."""
     first = runs[d.alphas[0]]
     chosen, lengths = [], set()
 
@@ -417,6 +418,10 @@ def _pick_rows(d: Decoding, runs: dict, ok: list[int]) -> list[int]:
     limit_rows = [b for b in ok if not first["facts"][b]["eos"]]
     if limit_rows and len(chosen) < d.rows:
         add(limit_rows[0])
+    for b in ok:  # a batch of at least three rows, even where few lengths pass
+        if len(chosen) >= min(d.rows, 3):
+            break
+        add(b)
     return chosen
 
 

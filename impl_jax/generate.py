@@ -50,9 +50,9 @@ def _prefill(params: Params, src: jax.Array, config: Config, capacity: int, repe
                           memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
 
 
-def forbid_special(scores: jax.Array, config: Config) -> jax.Array:
+def forbid_special(scores: jax.Array, pad_id: int, bos_id: int) -> jax.Array:
     """scores (..., V) with ``pad_id`` and ``bos_id`` at -inf: never generated (``spec.search.forbid_special``)."""
-    return scores.at[..., jnp.asarray([config.pad_id, config.bos_id])].set(-jnp.inf)
+    return scores.at[..., jnp.asarray([pad_id, bos_id])].set(-jnp.inf)
 
 
 # ----------------------------------------------------------------- greedy
@@ -65,7 +65,7 @@ def _greedy(params: Params, src: jax.Array, limits: jax.Array, config: Config, c
     def step(state):
         t, tokens, out, done, cache = state
         logits, cache = model.decoder_stack(params, tokens[:, None], cache, config)           # (B, 1, V)
-        best = jnp.argmax(forbid_special(logits[:, 0], config), axis=-1)                  # first of equal maxima
+        best = jnp.argmax(forbid_special(logits[:, 0], config.pad_id, config.bos_id), axis=-1)  # first of maxima
         tokens = jnp.where(done, config.pad_id, best)
         done = done | (tokens == config.eos_id) | (t + 1 >= limits)
         return t + 1, tokens, out.at[:, t].set(tokens), done, cache
@@ -115,7 +115,8 @@ def _beam(params: Params, src: jax.Array, limits: jax.Array, lp: jax.Array, conf
     def step(state):  # s: per-sequence beam state, arrays with leading axes (B, k)
         t, s, done, cache = state
         logits, cache = model.decoder_stack(params, s["tokens"].reshape(B * k, 1), cache, config)   # (B*k, 1, V)
-        logp = forbid_special(jax.nn.log_softmax(logits[:, 0], axis=-1), config).reshape(B, k, V)  # fp32
+        logp = jax.nn.log_softmax(logits[:, 0], axis=-1)                                      # fp32, over all of V
+        logp = forbid_special(logp, config.pad_id, config.bos_id).reshape(B, k, V)
         cand, top = _top((s["alive_lp"][:, :, None] + logp).reshape(B, k * V), 2 * k)        # (B, 2k)
         beam, tok = top // V, top % V
         seq = _take(s["alive_seq"], beam).at[:, :, t].set(tok)                                # (B, 2k, P)

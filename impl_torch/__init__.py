@@ -2,7 +2,8 @@
 
 Paper-exact (post-LN, sinusoidal positions, one embedding shared by source, target and output projection) and
 bf16 by the contract of ``spec.numerics``: bf16 parameters and activations, fp32 accumulation, fp32 attention
-scores and softmax, float32 logits. CPU and CUDA; float32 on request (``config.dtype``).
+scores and softmax, float32 logits. CPU and CUDA; float32 on request (``config.dtype``). Parameters stored in
+another dtype (``config.param_dtype``) are cast to ``config.dtype`` where they are read (rule 0).
 
 Usage::
 
@@ -18,7 +19,8 @@ Usage::
     tokens = impl_torch.beam_search(model, src, beam_size=4, alpha=0.6)   # (B, L) int64, ends at EOS
     impl_torch.save_weights(model, "copy.safetensors")                    # bit-exact round trip
 
-Bad token ids raise the spec's ``ValueError`` (``spec.validate``) before anything is computed.
+Bad token ids and arguments raise the spec's ``ValueError`` (``spec.validate``) before anything is computed;
+NumPy integer and float scalars count as Python ones. Search never generates pad or BOS.
 """
 
 from impl_torch.generate import beam_search, greedy_search

@@ -37,7 +37,7 @@ def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
     w = w.to(x.dtype)  # parameters enter in the activation dtype (rule 0); a no-op unless param_dtype differs
-    if x.is_cuda and bias is None and x.dtype == w.dtype == out_dtype == torch.bfloat16:
+    if x.is_cuda and bias is None and x.dtype == out_dtype == torch.bfloat16:
         return torch.einsum(eq, x, w)
     y = torch.einsum(eq, x.float(), w.float())
     if bias is not None:

@@ -1,4 +1,4 @@
-"""The model: canonical parameters, shapes and dtypes, masks, KV cache, devices, input validation."""
+"""The model: canonical parameters, shapes and dtypes, mixed dtypes, masks, KV cache, devices, input validation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl_torch
-from spec import TINY, shapes
+from spec import TINY, init_params, preset, shapes
+from spec import reference as ref
+from spec.numerics import Numerics, np_dtype
 from spec.schema import param_specs
 
 # Logit differences allowed where only the order of fp32 sums may change (batch size, sequence length): a flipped
@@ -18,7 +20,12 @@ TOL = {torch.bfloat16: 0.1, torch.float32: 1e-4}
 
 
 def _tol(model):
-    return TOL[model.embedding.dtype]
+    return TOL[impl_torch.layers.DTYPES[model.config.dtype]]
+
+
+def _rms_rel_err(got: torch.Tensor, want: np.ndarray) -> float:
+    """RMS of ``got - want`` relative to the RMS of ``want`` (float64)."""
+    return float(np.sqrt(((got.numpy().astype(np.float64) - want) ** 2).mean() / (want ** 2).mean()))
 
 
 def test_state_dict_is_the_canonical_schema(model):
@@ -98,6 +105,25 @@ def test_cache_has_no_room_for_more(ids, tiny):
         m.decode(torch.tensor([[5]]), cache)
 
 
+@pytest.mark.parametrize("capacity", [2.5, True, 0, 65, np.float64(4)])
+def test_cache_capacity_is_an_int_in_1_to_max_len(capacity, ids, tiny):
+    m = tiny()
+    src = ids(17, 1, 4)
+    with pytest.raises(ValueError, match=r"capacity must be an int in \[1, max_len=64\], got "):
+        m.init_cache(m.encode(src), src, capacity)
+
+
+def test_numpy_capacity_and_negative_stride_ids_accepted(model, ids):
+    """NumPy integer capacity and chunk sizes; reversed NumPy views (negative strides) as ids."""
+    src, tgt = ids(18, 2, 6).numpy()[::-1], ids(19, 2, 5, bos=True).numpy()[::-1]
+    assert src.strides[0] < 0
+    cache = model.init_cache(model.encode(src), src, np.int64(7))
+    n = np.int64(3)
+    steps = torch.cat([model.decode(tgt[:, :n], cache), model.decode(tgt[:, n:], cache)], dim=1)
+    torch.testing.assert_close(steps, model(src.copy(), tgt.copy()), rtol=0, atol=_tol(model))
+    assert cache.capacity == 7 and cache.length == 5
+
+
 @pytest.mark.parametrize("bad, pattern", [
     (lambda s: s.float(), r"src: token ids must be integers"),
     (lambda s: s.numpy().astype(np.float64), r"src: token ids must be integers"),
@@ -118,6 +144,45 @@ def test_float32_config_computes_in_float32(ids, tiny):
     m = tiny("float32")
     _, inter = m(ids(13, 1, 4), ids(14, 1, 3, bos=True), intermediates=True)
     assert {t.dtype for t in inter.values()} == {torch.float32}
+
+
+@pytest.mark.parametrize("dtype, param_dtype", [("float32", "bfloat16"), ("bfloat16", "float32")])
+def test_mixed_dtypes_compute_in_the_config_dtype_with_cast_parameters(dtype, param_dtype, ids):
+    """Rule 0: activations in ``config.dtype`` whatever the parameters' dtype, and the very logits of the
+    ``config.dtype`` model holding the cast parameters."""
+    c = preset("tiny", dtype=dtype, param_dtype=param_dtype)
+    params = init_params(c, 3, observable=True)
+    src, tgt = ids(30, 2, 7), ids(31, 2, 6, bos=True)
+    with torch.no_grad():
+        logits, inter = impl_torch.from_params(c, params)(src, tgt, intermediates=True)
+        cast = {k: v.astype(np_dtype(dtype)) for k, v in params.items()}
+        same = impl_torch.from_params(c.replace(param_dtype=dtype), cast)(src, tgt)
+    for name, (_, want) in shapes.intermediates(c, 2, 7, 6).items():
+        assert inter[name].dtype == impl_torch.layers.DTYPES[want], name
+    torch.testing.assert_close(logits, same, rtol=0, atol=0)
+
+
+def test_float32_compute_with_bf16_parameters_matches_the_float32_reference(ids):
+    c = preset("tiny", dtype="float32", param_dtype="bfloat16")
+    params = init_params(c, 4, observable=True)
+    src, tgt = ids(32, 2, 7), ids(33, 2, 6, bos=True)
+    with torch.no_grad():
+        logits = impl_torch.from_params(c, params)(src, tgt).numpy().astype(np.float64)
+    want = ref.forward(ref.as_float64(params, c), src.numpy(), tgt.numpy(), c, Numerics("float32"))
+    assert np.abs(logits - want).max() < 1e-5 * np.sqrt((want ** 2).mean())
+
+
+def test_bf16_compute_rounds_fp32_parameters_before_use(ids):
+    """The bf16-faithful reference of the bf16-rounded weights, not of the fp32 ones (rounding the weights moves
+    the logits by ~1% of their RMS here; the model is ~1e-8 from the former)."""
+    c = preset("tiny", dtype="bfloat16", param_dtype="float32")
+    params = init_params(c, 5, observable=True)
+    src, tgt = ids(34, 2, 7), ids(35, 2, 6, bos=True)
+    with torch.no_grad():
+        logits = impl_torch.from_params(c, params)(src, tgt)
+    run = lambda p: ref.forward(p, src.numpy(), tgt.numpy(), c, Numerics("bfloat16"))  # noqa: E731
+    rounded, unrounded = run(ref.as_float64(params, c)), run(ref.as_float64(params, c.replace(dtype="float32")))
+    assert _rms_rel_err(logits, rounded) < 0.01 * _rms_rel_err(logits, unrounded)
 
 
 def test_paper_initialisation():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import safetensors
@@ -79,18 +80,45 @@ def read_config(path: str | os.PathLike) -> Config:
         raise ValueError(f"{path}: invalid config in the metadata: {e}") from e
 
 
+# The fields the parameter set, shapes and dtypes depend on (``spec.schema``); the others (max_len, dropout,
+# layer_norm_eps, token ids, dtype) change the computation but not the weights.
+WEIGHT_FIELDS = ("vocab_size", "d_model", "n_heads", "d_k", "d_v", "d_ff", "n_encoder_layers", "n_decoder_layers",
+                 "norm_first", "param_dtype")
+
+
+def config_for(path: str | os.PathLike, stored: Config, c: Config | None) -> Config:
+    """The config to build a model of the weights in ``path`` with: ``c`` if given, else ``stored``.
+
+    A ``c`` that differs from ``stored`` only in fields the weights do not depend on is used, and the
+    difference is stated in a ``UserWarning``.
+
+    Raises:
+        ValueError: naming the first field of ``WEIGHT_FIELDS`` in which ``c`` differs from ``stored``.
+    """
+    if c is None or c == stored:
+        return stored
+    differ = [f for f in stored.to_dict() if getattr(stored, f) != getattr(c, f)]
+    for f in differ:
+        if f in WEIGHT_FIELDS:
+            raise ValueError(f"{path}: the given config has {f}={getattr(c, f)!r} but the weights were stored with "
+                             f"{f}={getattr(stored, f)!r}; the weights depend on {f}")
+    changes = ", ".join(f"{f} {getattr(stored, f)!r} -> {getattr(c, f)!r}" for f in differ)
+    warnings.warn(f"{path}: using the given config, which differs from the stored one where the weights do not "
+                  f"depend on it: {changes}", stacklevel=3)
+    return c
+
+
 def load_weights(path: str | os.PathLike, c: Config | None = None) -> tuple[Config, dict[str, np.ndarray]]:
-    """Read a weights file and check it against ``c`` (default: its stored config).
+    """Read a weights file and check it against ``c`` (default: its stored config; see ``config_for``).
 
     Returns:
         ``(config, {name: array})`` with arrays in the stored dtypes.
 
     Raises:
-        ValueError: naming the file if it is truncated or corrupt, or naming the
-            tensor as ``check_params``.
+        ValueError: naming the file if it is truncated or corrupt, naming the field if ``c`` differs from the
+            stored config where the weights depend on it, or naming the tensor as ``check_params``.
     """
-    stored = read_config(path)
-    c = stored if c is None else c
+    c = config_for(path, read_config(path), c)
     try:
         params = safetensors.numpy.load_file(str(path))
     except (OSError, safetensors.SafetensorError) as e:

@@ -93,8 +93,11 @@ def test_weights_round_trip_and_errors(tmp_path):
     save_weights(tmp_path / "w.safetensors", c, p)
     c2, back = load_weights(tmp_path / "w.safetensors")
     assert c2 == c and all(back[k].tobytes() == v.tobytes() for k, v in p.items())
-    with pytest.raises(ValueError, match="expected dtype bfloat16"):
-        load_weights(tmp_path / "w.safetensors", TINY)
+    with pytest.raises(ValueError, match="param_dtype='bfloat16' but the weights were stored with param_dtype="):
+        load_weights(tmp_path / "w.safetensors", c.replace(param_dtype="bfloat16"))
+    with pytest.warns(UserWarning, match="max_len 64 -> 32, dropout 0.1 -> 0.0"):
+        c3, _ = load_weights(tmp_path / "w.safetensors", c.replace(max_len=32, dropout=0.0))
+    assert c3 == c.replace(max_len=32, dropout=0.0)
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="junk.safetensors"):
         load_weights(tmp_path / "junk.safetensors")

@@ -2,14 +2,16 @@
 
     nox -s conformance                              # every backend that has an adapter
     nox -s "conformance(backend='reference')"       # one backend
-    nox -s tests mutants lint
+    nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, README examples
     nox -s golden                                   # rewrite spec/golden
     nox -s golden -- --check                        # regenerate in a temp dir, compare bit for bit
 """
 
 from __future__ import annotations
 
+import re
 import time
+import zipfile
 from pathlib import Path
 
 import nox
@@ -18,7 +20,8 @@ ROOT = Path(__file__).resolve().parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # A backend exists once the conformance suite has an adapter for it.
 BACKENDS = [b for b in ("reference", "torch", "jax", "tf") if (ROOT / f"conformance/adapters/backend_{b}.py").exists()]
-PACKAGES = {"reference": [], "torch": ["./impl_torch"], "jax": ["./impl_jax"], "tf": ["./impl_tf"]}
+PACKAGES = {"reference": [], "torch": ["./impl_torch"], "jax": ["./impl_jax"], "tf": ["./impl_tf[cpu]"]}
+EXTRAS = {"impl_tf": "[cpu]"}  # impl_tf leaves the TensorFlow build to the user; CI takes the CPU one
 # One folder per nox invocation, so the combined report shows this run's backends only.
 REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
 
@@ -49,9 +52,40 @@ def report(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("package", ["spec", *[f"impl_{b}" for b in BACKENDS if b != "reference"]])
 def tests(session: nox.Session, package: str) -> None:
-    """Unit tests of one package, in a virtualenv holding that package and its dependencies."""
-    session.install(*CONSTRAINTS, f"./{package}", "pytest", "hypothesis")
+    """One package as a user gets it: its wheel (no file URL in its metadata) installed with its dependencies
+    from wheels alone, its unit tests, then the README's examples for it, run outside the repository."""
+    tmp = Path(session.create_tmp())
+    session.run("pip", "wheel", "--no-deps", "-q", "-w", str(tmp), "./spec", f"./{package}")
+    wheels = {w.name.split("-")[0]: w for w in tmp.glob("*.whl")}
+    for wheel in wheels.values():
+        _check_metadata(session, wheel)
+    main = wheels[f"aiayn_{package.removeprefix('impl_')}"]
+    spec_wheel = [] if main == wheels["aiayn_spec"] else [str(wheels["aiayn_spec"])]
+    session.install(*CONSTRAINTS, *spec_wheel, f"{main}{EXTRAS.get(package, '')}", "pytest", "hypothesis")
     session.run("pytest", f"{package}/tests", "-p", "no:cacheprovider", *session.posargs)
+    blocks = _readme_examples(package)
+    session.chdir(tmp)  # the repository is not importable from here: the installed wheels are what runs
+    for i, code in enumerate(blocks):
+        (tmp / f"readme_{i}.py").write_text(code)
+        session.run("python", f"readme_{i}.py")
+
+
+def _check_metadata(session: nox.Session, wheel: Path) -> None:
+    """A wheel must name its dependencies by name and version, never by a path on this machine."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    urls = [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "@" in line]
+    if urls:
+        session.error(f"{wheel.name} depends on a URL: {urls}")
+
+
+def _readme_examples(package: str) -> list[str]:
+    """README's Python blocks that import ``package``; the common example (``import impl_torch as T  # or: ...``)
+    once per impl, with the import changed."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    common = "import impl_torch as T  # or:"
+    return [b.replace("import impl_torch as T", f"import {package} as T") if common in b else b
+            for b in blocks if common in b or re.search(rf"^import {package}\b", b, re.M)]
 
 
 @nox.session
@@ -70,5 +104,6 @@ def golden(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
+

@@ -126,8 +126,9 @@ NAMES = (*FUNCTIONS, "KVCache", "__version__")
 def _compare(where: str, impl: Callable, ref: Callable, skip_self: bool) -> list[str]:
     """How ``impl``'s signature departs from ``ref``'s: the common parameters first, in order, with the same
     names, kinds and defaults; extras keyword-only with defaults."""
-    got = list(inspect.signature(impl).parameters.values())
-    want = list(inspect.signature(ref).parameters.values())[1 if skip_self else 0:]
+    skip = 1 if skip_self else 0
+    got = list(inspect.signature(impl).parameters.values())[skip:]
+    want = list(inspect.signature(ref).parameters.values())[skip:]
     problems = []
     for i, w in enumerate(want):
         if i >= len(got):

@@ -3,21 +3,26 @@
 Paper-exact (post-LN, sinusoidal positions, one embedding shared by source, target and output projection) and
 bf16 by the contract of ``spec.numerics``: bf16 parameters and activations, fp32 accumulation, fp32 attention
 scores and softmax, float32 logits. CPU and CUDA; float32 on request (``config.dtype``). Parameters stored in
-another dtype (``config.param_dtype``) are cast to ``config.dtype`` where they are read (rule 0).
+another dtype (``config.param_dtype``) are cast to ``config.dtype`` where they are read (rule 0). The public API
+is the common one of ``spec.api``::
 
-Usage::
+    import spec
+    import impl_torch as T
 
-    import torch
-    from spec import preset
-    import impl_torch
+    config = spec.preset("tiny")
+    model = T.Transformer(config, seed=0)       # the weights of spec.init_params(config, 0), in every backend
+    src, tgt_in = [[5, 9, 17, 2]], [[1, 7, 7]]  # (B, S), (B, T) token ids; 0 pad, 1 BOS, 2 EOS
+    logits = model(src, tgt_in)                 # (B, T, V) float32, teacher forcing
+    tokens = T.beam_search(model, src)          # (B, L) int64: beam 4, alpha 0.6, EOS included
+    cache = model.init_cache(model.encode(src), src, capacity=8)
+    step_logits, cache = model.decode([[1]], cache)   # (B, 1, V) float32; go on with the returned cache
+    T.save_weights(model, "model.safetensors")
 
-    model = impl_torch.load_weights("base.safetensors", device="cuda")   # canonical safetensors, eval mode
-    # or: model = impl_torch.Transformer(preset("base")).eval()          # paper initialisation
-    src = torch.tensor([[17, 42, 99, 2]])                                 # (B, S) token ids, pad_id = 0
-    tgt_in = torch.tensor([[1, 5, 7]])                                    # (B, T), starts with bos_id
-    logits = model(src, tgt_in)                                           # (B, T, V) float32
-    tokens = impl_torch.beam_search(model, src, beam_size=4, alpha=0.6)   # (B, L) int64, ends at EOS
-    impl_torch.save_weights(model, "copy.safetensors")                    # bit-exact round trip
+The PyTorch idioms: ``Transformer`` is an ``nn.Module``, in training mode when new (dropout on; the searches
+always compute in evaluation mode); ``device=`` (keyword) places a model built by ``Transformer``,
+``from_params`` or ``load_weights`` (these two return it in evaluation mode); ``decode`` writes the cache in place
+and returns it. On CUDA, compute inside ``with impl_torch.contract_numerics(): ...``, which turns off TF32 and
+bf16 partial reductions, process-wide flags the library never sets by itself.
 
 Bad token ids and arguments raise the spec's ``ValueError`` (``spec.validate``) before anything is computed;
 NumPy integer and float scalars count as Python ones. Search never generates pad or BOS.
@@ -36,12 +41,14 @@ from impl_torch.layers import (
                                positional_encoding,
                                scaled_dot_product_attention,
 )
-from impl_torch.model import Decoder, Encoder, KVCache, Transformer
-from impl_torch.weights import from_params, load_weights, params_of, save_weights, to_array, to_tensor
+from impl_torch.model import Decoder, Encoder, KVCache, Transformer, to_array, to_tensor
+from impl_torch.weights import from_params, load_weights, params_of, save_weights
+
+__version__ = "0.2.0"
 
 __all__ = [
     "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "SublayerConnection", "Transformer", "beam_search", "contract_numerics", "from_params",
-    "greedy_search", "load_weights", "params_of", "positional_encoding", "save_weights",
+    "MultiHeadAttention", "SublayerConnection", "Transformer", "__version__", "beam_search", "contract_numerics",
+    "from_params", "greedy_search", "load_weights", "params_of", "positional_encoding", "save_weights",
     "scaled_dot_product_attention", "to_array", "to_tensor",
 ]

@@ -4,12 +4,18 @@ Both start from ``bos_id``, generate at most ``limit_b`` tokens for sequence b (
 length + 50, ``spec.validate.generation_limits``) and stop a sequence at ``eos_id``. Output: (B, L) int64 tokens
 that exclude BOS and include EOS, right-padded with ``pad_id`` to the longest row. Exact ties break toward the
 lower token id (in beam search, the lower flat index ``beam * V + token``). Pad and BOS are never generated
-(``forbid_special``). Cross-attention keys/values are
-computed once per source; each step feeds one token per sequence through the cache. Inputs are validated once,
-up front; the steps then call the model's unchecked internals (``_encode``, ``_init_cache``, ``_decode``).
+(``forbid_special``). Cross-attention keys/values are computed once per source; each step feeds one token per
+sequence through the cache. Inputs are validated once, up front; the steps then call the model's unchecked
+internals (``_encode``, ``_init_cache``, ``_decode``).
+Both compute in evaluation mode (no dropout) whatever mode the model is in, and leave its mode as it was.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -18,15 +24,39 @@ from impl_torch.model import Ids, Transformer, device_ids, host_ids
 from spec import validate
 from spec.search import length_penalty
 
+Search = TypeVar("Search", bound=Callable[..., Tensor])
+
+
+@contextlib.contextmanager
+def evaluating(model: Transformer) -> Iterator[None]:
+    """``model`` in evaluation mode for the block, then every submodule back in the mode it had."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def _search(fn: Search) -> Search:
+    """A search entry point: evaluation mode for its duration (``evaluating``), under ``torch.inference_mode``."""
+    @functools.wraps(fn)
+    def run(model: Transformer, *args, **kwargs) -> Tensor:
+        with evaluating(model), torch.inference_mode():
+            return fn(model, *args, **kwargs)
+    return run  # type: ignore[return-value]
+
 
 def forbid_special(scores: Tensor, pad_id: int, bos_id: int) -> Tensor:
     """scores (..., V) with ``pad_id`` and ``bos_id`` at -inf: never generated (``spec.search.forbid_special``)."""
     return scores.index_fill(-1, torch.tensor([pad_id, bos_id], device=scores.device), -torch.inf)
 
 
-@torch.inference_mode()
+@_search
 def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> Tensor:
-    """Greedy decoding: src (B, S) int ids -> tokens (B, L) int64 on the model's device.
+    """Greedy decoding (section 6.1, ``spec.search.greedy_search``): src (B, S) int ids -> tokens (B, L) int64
+    on the model's device, in evaluation mode whatever the model's mode.
 
     Raises:
         ValueError: from ``spec.validate.check_source`` and ``spec.validate.generation_limits``.
@@ -61,11 +91,12 @@ def _take(x: Tensor, idx: Tensor) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device)[:, None], idx]
 
 
-@torch.inference_mode()
+@_search
 def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> Tensor:
-    """Beam search with the length penalty ((5 + |Y|) / 6)^alpha (Wu et al., 2016; the paper: beam 4, alpha
-    0.6), batched over sources: src (B, S) int ids -> tokens (B, L) int64 on the model's device.
+    """Beam search (section 6.1, ``spec.search.beam_search``) with the length penalty ((5 + |Y|) / 6)^alpha
+    (Wu et al., 2016; the paper: beam 4, alpha 0.6), batched over sources: src (B, S) int ids -> tokens (B, L)
+    int64 on the model's device, in evaluation mode whatever the model's mode.
 
     Per source, as ``spec.search``: k alive hypotheses and k finished slots; each step takes the top 2k of
     alive log-probability + log_softmax(logits) (ties to the lower flat index), keeps the first k non-EOS as

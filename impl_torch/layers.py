@@ -1,7 +1,8 @@
 """The Transformer's layers (Vaswani et al., 2017, section 3) under the numerics contract of ``spec.numerics``.
 
 Shape letters: B batch, S source length, T target length, D d_model, H n_heads, K d_k, C d_v, F d_ff.
-Attention tensors are laid out (B, H, L, K), as ``torch.nn.functional.scaled_dot_product_attention`` wants them.
+Attention tensors are laid out (B, L, H, K), the spec's layout and the KV cache's: a cache write per step is a
+slice along L, and ``torch.nn.functional.scaled_dot_product_attention`` gets (B, H, L, K) transposed views.
 
 Rounding (contract rule 2): every product takes operands in the activation dtype, accumulates in fp32 and is
 rounded to the activation dtype once, after its bias; ``project`` is the one place that does it.
@@ -9,8 +10,9 @@ rounded to the activation dtype once, after its bias; ``project`` is the one pla
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +31,11 @@ def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype
     ``x`` is an activation; ``w`` and ``bias`` are cast to its dtype first (contract rule 0).
 
     On CUDA a bias-free bf16 product is a native bf16 GEMM: cuBLAS accumulates in fp32 and rounds once, provided
-    ``allow_bf16_reduced_precision_reduction`` is off (``contract_numerics``). Everything else runs as an fp32
-    GEMM of the upcast operands: a product of two bf16 values is exact in fp32, so this is the same contract, with
-    the bias added before the single rounding (a bf16 GEMM would round before the bias: twice). On a CPU without
-    native bf16 it is also what makes bf16 usable: a 512^3 product takes ~1.7 ms this way and ~200 ms as a PyTorch
-    bf16 GEMM (2-core AVX2, torch 2.13).
+    ``allow_bf16_reduced_precision_reduction`` is off, as inside ``contract_numerics``. Everything else runs as an
+    fp32 GEMM of the upcast operands: a product of two bf16 values is exact in fp32, so this is the same contract,
+    with the bias added before the single rounding (a bf16 GEMM would round before the bias: twice). On a CPU
+    without native bf16 it is also what makes bf16 usable: a 512^3 product takes ~1.7 ms this way and ~200 ms as
+    a PyTorch bf16 GEMM (2-core AVX2, torch 2.13).
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
     w = w.to(x.dtype)  # parameters enter in the activation dtype (rule 0); a no-op unless param_dtype differs
@@ -45,15 +47,23 @@ def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype
     return y.to(out_dtype)
 
 
-def contract_numerics() -> None:
-    """Set PyTorch's global matmul flags the contract needs (rule 8): no TF32, no bf16 partial reductions.
+@contextlib.contextmanager
+def contract_numerics() -> Iterator[None]:
+    """A context in which PyTorch's matmul flags are what the contract needs on CUDA (rule 8); restored on exit.
 
-    ``allow_bf16_reduced_precision_reduction`` (default True) lets cuBLAS round partial sums of a bf16 GEMM to
-    bf16, which would break "accumulate in fp32, round once". The flags only affect CUDA.
+    Inside: TF32 off for matmuls and cuDNN (``torch.backends.cuda.matmul.allow_tf32``,
+    ``torch.backends.cudnn.allow_tf32``), and ``allow_bf16_reduced_precision_reduction`` off: by default it lets
+    cuBLAS round partial sums of a bf16 GEMM to bf16, which breaks "accumulate in fp32, round once" (``project``).
+    The flags are process-wide, so the library never sets them itself: run CUDA work that must meet the contract
+    inside ``with impl_torch.contract_numerics(): ...``. On the CPU they change nothing.
     """
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction)
+    matmul.allow_tf32 = cudnn.allow_tf32 = matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction = before
 
 
 # ----------------------------------------------------------------- embedding
@@ -105,26 +115,28 @@ class Embedding(nn.Module):
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, fused: bool = False) -> Tensor:
     """softmax(Q K^T / sqrt(d_k)) V (equation 1, rule 4).
 
-    q (B, H, T, K), k (B, H, S, K), v (B, H, S, C), mask bool broadcastable to (B, H, T, S), True = may attend.
-    Returns (B, H, T, C) in ``v.dtype``. A query row whose keys are all masked gets a finite output.
+    q (B, T, H, K), k (B, S, H, K), v (B, S, H, C), mask bool broadcastable to (B, H, T, S), True = may attend.
+    Returns (B, T, H, C) in ``v.dtype``. A query row whose keys are all masked gets a finite output.
 
     The plain path (default) is the contract written out: fp32 scores, scaled in fp32, masked with
     ``MASKED_SCORE``, fp32 max-subtracted softmax, probabilities rounded to ``v.dtype`` before P V.
-    ``fused=True`` calls ``torch.nn.functional.scaled_dot_product_attention``. Its CUDA kernels (flash,
-    memory-efficient) keep scores and softmax in fp32 and round the *unnormalised* probabilities to bf16 before
-    P V, normalising in fp32 after: one rounding per probability, as the contract asks, in a slightly different
-    place. Its CPU kernel keeps the probabilities in fp32 (measured on the golden SDPA cases: 0.5-0.7x the
-    contract's error), so on CPU the plain path is the contract and the fused one is not. The mask becomes an
-    additive bias of the dtype's most negative finite value, so fully masked rows stay finite.
+    ``fused=True`` calls ``torch.nn.functional.scaled_dot_product_attention`` on (B, H, L, K) views. Its CUDA
+    kernels (flash, memory-efficient) keep scores and softmax in fp32 and round the *unnormalised* probabilities
+    to bf16 before P V, normalising in fp32 after: one rounding per probability, as the contract asks, in a
+    slightly different place. Its CPU kernel keeps the probabilities in fp32 (measured on the golden SDPA cases:
+    0.5-0.7x the contract's error), so on CPU the plain path is the contract and the fused one is not. The mask
+    becomes an additive bias of the dtype's most negative finite value, so fully masked rows stay finite.
     """
     if fused:
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))
-    scores = project("bhtk,bhsk->bhts", q, k, out_dtype=torch.float32)     # (B, H, T, S) fp32, never rounded
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                   # (B, H, L, K) views
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))
+        return o.transpose(1, 2)                                            # (B, T, H, C)
+    scores = project("bthk,bshk->bhts", q, k, out_dtype=torch.float32)     # (B, H, T, S) fp32, never rounded
     scores = scores * (1.0 / math.sqrt(q.shape[-1]))                        # scaled in fp32
     scores = scores.masked_fill(~mask, MASKED_SCORE)                        # masked keys get exactly zero weight
     probs = torch.softmax(scores, dim=-1).to(v.dtype)                      # fp32 softmax, rounded before P V
-    return project("bhts,bhsc->bhtc", probs, v)                            # (B, H, T, C)
+    return project("bhts,bshc->bthc", probs, v)                            # (B, T, H, C)
 
 
 class MultiHeadAttention(nn.Module):
@@ -148,15 +160,15 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Parameter(torch.empty(H, C, D, **kw))
 
     def project_kv(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S, D) -> k (B, H, S, K), v (B, H, S, C)."""
-        return project("bsd,dhk->bhsk", x_kv, self.w_k), project("bsd,dhc->bhsc", x_kv, self.w_v)
+        """(B, S, D) -> k (B, S, H, K), v (B, S, H, C)."""
+        return project("bsd,dhk->bshk", x_kv, self.w_k), project("bsd,dhc->bshc", x_kv, self.w_v)
 
     def attend(self, x_q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """Queries x_q (B, T, D) over k (B, H, S, K), v (B, H, S, C); mask (B, 1, T or 1, S) -> (B, T, D)."""
-        q = project("btd,dhk->bhtk", x_q, self.w_q)                            # (B, H, T, K)
+        """Queries x_q (B, T, D) over k (B, S, H, K), v (B, S, H, C); mask (B, 1, T or 1, S) -> (B, T, D)."""
+        q = project("btd,dhk->bthk", x_q, self.w_q)                            # (B, T, H, K)
         fused = q.is_cuda if self.fused is None else self.fused
-        o = scaled_dot_product_attention(q, k, v, mask, fused)                  # (B, H, T, C)
-        return project("bhtc,hcd->btd", o, self.w_o)                           # (B, T, D)
+        o = scaled_dot_product_attention(q, k, v, mask, fused)                  # (B, T, H, C)
+        return project("bthc,hcd->btd", o, self.w_o)                           # (B, T, D)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor) -> Tensor:
         """x_q (B, T, D), x_kv (B, S, D), mask bool (B, 1, T or 1, S) -> (B, T, D)."""
@@ -280,9 +292,9 @@ class DecoderLayer(nn.Module):
         (without it, the n new positions attend among themselves, t = n).
         """
         def self_attn(h: Tensor) -> Tensor:
-            k, v = self.self_attn.project_kv(h)                                 # (B, H, n, K), (B, H, n, C)
+            k, v = self.self_attn.project_kv(h)                                 # (B, n, H, K), (B, n, H, C)
             if append_kv is not None:
-                k, v = append_kv(k, v)                                          # (B, H, t, K), (B, H, t, C)
+                k, v = append_kv(k, v)                                          # (B, t, H, K), (B, t, H, C)
             return self.self_attn.attend(h, k, v, self_mask)
 
         y = self.self_attn_norm(y, self_attn, record, "self_attn")

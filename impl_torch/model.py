@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
+from collections.abc import Callable, Sequence
 
+import ml_dtypes
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+import spec
 from impl_torch.layers import (
     DTYPES,
     DecoderLayer,
@@ -21,42 +23,45 @@ from impl_torch.layers import (
     EncoderLayer,
     LayerNorm,
     Record,
-    contract_numerics,
     project,
     record_as,
 )
 from spec import validate
 from spec.config import Config
-from spec.schema import param_specs
 
-Ids = Tensor | np.ndarray
+Ids = Tensor | np.ndarray | Sequence[Sequence[int]]
 
 
 @dataclasses.dataclass
 class KVCache:
-    """Decoder state: cross-attention K/V computed once per source, self-attention K/V written per step.
+    """Decoder state for incremental decoding (the decoder of section 3.1, a few positions per call); fields in
+    the order of ``spec.api.KV_CACHE_FIELDS``.
 
-    memory_kv[l]: (k (B, H, S, K), v (B, H, S, C)); memory_mask (B, 1, 1, S) bool;
-    self_kv[l]: (k (B, H, N, K), v (B, H, N, C)), preallocated for N = ``capacity`` positions;
-    key_mask (B, N) bool, True = not padding; ``length`` positions are filled.
+    self_kv[l]: layer l's self-attention (k (B, P, H, K), v (B, P, H, C)), preallocated for P = ``capacity``
+    target positions; key_mask (B, P) bool, True at a written non-pad position; memory_kv[l]: layer l's
+    cross-attention (k (B, S, H, K), v (B, S, H, C)) of the encoder output, computed once; memory_mask (B, S)
+    bool, True at a non-pad source position; ``length``: the positions written. ``Transformer.decode`` writes
+    the cache it is given in place and returns it.
     """
 
-    memory_kv: list[tuple[Tensor, Tensor]]
-    memory_mask: Tensor
     self_kv: list[tuple[Tensor, Tensor]]
     key_mask: Tensor
+    memory_kv: list[tuple[Tensor, Tensor]]
+    memory_mask: Tensor
     length: int = 0
 
     @property
     def capacity(self) -> int:
+        """P, the target positions the cache has room for."""
         return self.key_mask.shape[1]
 
     def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store keys/values of positions start..start+n-1 of ``layer``; return those of positions 0..start+n-1."""
-        end = start + k.shape[2]
+        """Store k (B, n, H, K), v (B, n, H, C) of positions start..start+n-1 of ``layer``; return the keys
+        (B, t, H, K) and values (B, t, H, C) of positions 0..t-1, t = start + n."""
+        end = start + k.shape[1]
         ck, cv = self.self_kv[layer]
-        ck[:, :, start:end], cv[:, :, start:end] = k, v
-        return ck[:, :, :end], cv[:, :, :end]
+        ck[:, start:end], cv[:, start:end] = k, v
+        return ck[:, :end], cv[:, :end]
 
     def select(self, rows: Tensor) -> None:
         """Reorder the self-attention state to batch rows ``rows`` (B,), in place (beam search).
@@ -66,8 +71,23 @@ class KVCache:
         """
         n = self.length
         for ck, cv in self.self_kv:
-            ck[:, :, :n], cv[:, :, :n] = ck[rows, :, :n], cv[rows, :, :n]
+            ck[:, :n], cv[:, :n] = ck[rows, :n], cv[rows, :n]
         self.key_mask[:, :n] = self.key_mask[rows, :n]
+
+
+def to_tensor(a: np.ndarray) -> Tensor:
+    """A NumPy array (bf16 as ``ml_dtypes.bfloat16``) as a CPU tensor with the same bits."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)  # NumPy has no bf16
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def to_array(t: Tensor) -> np.ndarray:
+    """A tensor as a NumPy array with the same bits (bf16 as ``ml_dtypes.bfloat16``)."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 def host_ids(ids: Ids) -> np.ndarray:
@@ -84,8 +104,8 @@ def device_ids(ids: Ids, device: torch.device) -> Tensor:
 
 
 def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
-    """(B, L) ids -> (B, 1, 1, L) bool, True where the key is not padding."""
-    return (ids != pad_id)[:, None, None, :]
+    """(B, L) ids -> (B, L) bool, True where the key is not padding."""
+    return ids != pad_id
 
 
 def causal_mask(start: int, n: int, device: torch.device) -> Tensor:
@@ -123,11 +143,10 @@ class Decoder(nn.Module):
 
         Writes the new positions' self-attention keys/values into ``cache`` and advances ``cache.length``.
         """
-        start = cache.length
+        start, memory_mask = cache.length, cache.memory_mask[:, None, None, :]           # (B, 1, 1, S)
         for i, layer in enumerate(self.layers):
             rec = None if record is None else {}
-            out = layer(y, cache.memory_kv[i], cache.memory_mask, self_mask, functools.partial(cache.write, i, start),
-                        rec)
+            out = layer(y, cache.memory_kv[i], memory_mask, self_mask, functools.partial(cache.write, i, start), rec)
             y = _merge(record, f"decoder.layers.{i}", rec, out)
         cache.length = start + y.shape[1]
         return y if self.final_norm is None else self.final_norm(y)
@@ -144,53 +163,89 @@ def _merge(record: Record, prefix: str, rec: Record, out: Tensor) -> Tensor:
 class Transformer(nn.Module):
     """The encoder-decoder Transformer of "Attention Is All You Need" (section 3), numerics of ``spec.numerics``.
 
-    Built from a ``spec.config.Config``: parameters in ``config.param_dtype``, activations in ``config.dtype``
-    (bf16 by default, float32 on request); choose them through the config, not ``.to(dtype)``. The state_dict keys
-    are the canonical parameter names of ``spec.schema`` (``embedding``, ``encoder.layers.0.self_attn.w_q``, ...).
-    Parameters are initialised as in the paper's setup (``reset_parameters``); ``impl_torch.load_weights`` or
-    ``impl_torch.from_params`` load trained ones. Dropout (section 5.4) is active in training mode only: call
-    ``.eval()`` for inference (``load_weights`` does). Constructing one calls ``contract_numerics()``.
+    ``Transformer(config, seed)`` holds ``spec.init_params(config, seed)`` (the paper's initialisation, drawn
+    with NumPy, not torch's RNG: the same bits in every backend); ``impl_torch.from_params`` and
+    ``impl_torch.load_weights`` build one holding given parameters. Parameters are stored in
+    ``config.param_dtype`` and activations computed in ``config.dtype`` (bf16 by default, float32 on request).
+    The state_dict keys are the canonical parameter names of ``spec.schema`` (``embedding``,
+    ``encoder.layers.0.self_attn.w_q``, ...).
+
+    A new model is in training mode, as every ``nn.Module``: dropout (section 5.4) is active until ``.eval()``;
+    ``greedy_search`` and ``beam_search`` always compute in evaluation mode. ``.to(device)`` moves it;
+    ``.to(dtype)``, ``.float()`` and ``.bfloat16()`` cast the parameters and set ``config.param_dtype`` to match.
+    On CUDA, compute inside ``impl_torch.contract_numerics()`` to meet the contract.
+
+    Raises:
+        ValueError: from ``spec.init_params`` if ``seed`` is not a non-negative int.
     """
 
-    def __init__(self, config: Config, device: torch.device | str | None = None):
+    def __init__(self, config: Config, seed: int = 0, *, device: torch.device | str | None = None):
+        params = spec.init_params(config, seed)
         super().__init__()
-        contract_numerics()
+        self._build(config, device)
+        self._assign(params)
+
+    @classmethod
+    def _holding(cls, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None
+                 ) -> Transformer:
+        """A model holding ``params`` (checked by ``spec.weights_io.check_params``), built without drawing the
+        seed's initialisation first (1.4 s for ``base``)."""
+        model = cls.__new__(cls)
+        nn.Module.__init__(model)
+        model._build(config, device)
+        model._assign(params)
+        return model
+
+    def _build(self, config: Config, device: torch.device | str | None) -> None:
+        """The modules, with parameters of the schema's shapes in ``config.param_dtype``, not yet set."""
         self.config = config
         dtype = DTYPES[config.param_dtype]
         self.embedding = nn.Parameter(torch.empty(config.vocab_size, config.d_model, dtype=dtype, device=device))
         self.embed = Embedding(config, device)
         self.encoder = Encoder(config, device)
         self.decoder = Decoder(config, device)
-        self.reset_parameters()
 
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Embedding U(+-sqrt(3/D)) (mean 0, variance 1/D), Glorot-uniform projections with the schema's fans,
-        LayerNorm scale 1, biases 0 (as ``spec.init.init_params``, drawn from torch's RNG)."""
-        params = dict(self.named_parameters())
-        for s in param_specs(self.config):
-            p = params[s.name]
-            if s.kind == "embedding":
-                p.uniform_(-math.sqrt(3.0 / self.config.d_model), math.sqrt(3.0 / self.config.d_model))
-            elif s.kind == "linear":
-                a = math.sqrt(6.0 / (s.fan_in + s.fan_out))
-                p.uniform_(-a, a)
-            else:
-                p.fill_(1.0 if s.kind == "norm_scale" else 0.0)
+    def _assign(self, params: dict[str, np.ndarray]) -> None:
+        """Copy canonical ``params`` ({name: array}, the stored dtypes) into the parameters, bit for bit."""
+        self.load_state_dict({name: to_tensor(a) for name, a in params.items()})
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Transformer:
+        """``nn.Module._apply`` (under ``.to``, ``.cuda``, ``.float``, ``.bfloat16``, ...), keeping ``config`` true.
+
+        A cast of the parameters to bf16 or fp32 sets ``config.param_dtype``; ``config.dtype`` stays, since rule 0
+        casts parameters to the activation dtype where they are read. The positional-encoding table stays fp32
+        (rule 3) and only moves device.
+
+        Raises:
+            ValueError: naming the dtype, for a cast to any other floating-point dtype (float16, float64),
+                before anything changes: the spec stores parameters in bf16 or fp32 only.
+        """
+        # What ``fn`` does to a floating-point parameter, seen on an empty one: cast, move, or neither.
+        probe = fn(torch.empty(0, dtype=self.embedding.dtype, device=self.embedding.device))
+        param_dtype = next((name for name, d in DTYPES.items() if d == probe.dtype), None)
+        if param_dtype is None:
+            raise ValueError(f"cannot cast the parameters to {probe.dtype}: param_dtype must be one of "
+                             f"{tuple(DTYPES)}")
+        pe = self.embed.pe
+        super()._apply(fn, recurse)
+        self.embed.pe = pe.to(probe.device)
+        self.config = self.config.replace(param_dtype=param_dtype)
+        return self
 
     @property
     def device(self) -> torch.device:
+        """The device the parameters are on."""
         return self.embedding.device
 
     # ------------------------------------------------------------- public entry points
 
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False
                 ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
-        """Teacher-forced forward: src (B, S), tgt_in (B, T) int ids -> logits (B, T, V) float32.
+        """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int ids -> logits (B, T, V) float32.
 
         With ``intermediates=True`` returns ``(logits, {name: tensor})`` with the tensors of
-        ``spec.shapes.intermediates`` (activations in the activation dtype). Positions of padding tokens
-        produce finite, unspecified values.
+        ``spec.shapes.intermediates`` (activations in ``config.dtype``). Positions of padding tokens produce
+        finite, unspecified values.
 
         Raises:
             ValueError: from ``spec.validate.check_forward``.
@@ -203,7 +258,7 @@ class Transformer(nn.Module):
         return (logits, {**record, "logits": logits}) if intermediates else logits
 
     def encode(self, src: Ids) -> Tensor:
-        """Encoder stack: src (B, S) int ids -> memory (B, S, D) in the activation dtype.
+        """Encoder stack (section 3.1): src (B, S) int ids -> memory (B, S, D) in ``config.dtype``.
 
         Raises:
             ValueError: from ``spec.validate.check_source``.
@@ -213,7 +268,7 @@ class Transformer(nn.Module):
 
     def init_cache(self, memory: Tensor, src: Ids, capacity: int) -> KVCache:
         """An empty KV cache for decoding up to ``capacity`` target positions against ``memory`` (B, S, D) of
-        ``src`` (B, S): computes every decoder layer's cross-attention keys/values once.
+        ``src`` (B, S): computes every decoder layer's cross-attention keys/values (B, S, H, K|C) once.
 
         Raises:
             ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]).
@@ -222,19 +277,20 @@ class Transformer(nn.Module):
         validate.check_capacity(capacity, self.config)
         return self._init_cache(memory, device_ids(src, self.device), int(capacity))
 
-    def decode(self, tokens: Ids, cache: KVCache) -> Tensor:
-        """Decoder stack over n new tokens (B, n) at positions ``cache.length``.. -> logits (B, n, V) float32.
+    def decode(self, tokens: Ids, cache: KVCache) -> tuple[Tensor, KVCache]:
+        """Decoder stack (section 3.1) over n new tokens (B, n) at positions ``cache.length``.. ->
+        (logits (B, n, V) float32, cache).
 
-        Self-attention sees every earlier position (from the cache) and the new ones causally, minus padding
-        keys. Updates ``cache`` in place: the work per token does not grow with the prefix except for attention
-        itself.
+        Self-attention sees every earlier position (from the cache) and the new ones causally (section 3.2.3),
+        minus padding keys. ``cache`` is written in place and returned: go on with the returned one. The work per
+        token does not grow with the prefix except for attention itself.
 
         Raises:
             ValueError: from ``spec.validate.check_decode``: bad ids, a batch that differs from the cache's, or
                 no room in the cache for n more positions.
         """
         validate.check_decode(host_ids(tokens), self.config, cache.key_mask.shape[0], cache.length, cache.capacity)
-        return self._decode(device_ids(tokens, self.device), cache)
+        return self._decode(device_ids(tokens, self.device), cache), cache
 
     def output_projection(self, h: Tensor) -> Tensor:
         """Tied output projection h E^T (section 3.4, rule 7): (B, n, D) -> (B, n, V) float32, never rounded."""
@@ -243,21 +299,22 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------- unchecked internals (validated ids)
 
     def _encode(self, src: Tensor, record: Record = None) -> Tensor:
+        mask = key_padding_mask(src, self.config.pad_id)[:, None, None, :]             # (B, 1, 1, S)
         x = record_as(record, "src_embed", self.embed(self.embedding, src))
-        return record_as(record, "encoder.out", self.encoder(x, key_padding_mask(src, self.config.pad_id), record))
+        return record_as(record, "encoder.out", self.encoder(x, mask, record))
 
     def _init_cache(self, memory: Tensor, src: Tensor, capacity: int) -> KVCache:
         c, B = self.config, memory.shape[0]
-        empty = lambda d: torch.empty(B, c.n_heads, capacity, d, dtype=memory.dtype, device=memory.device)  # noqa: E731
+        empty = lambda d: torch.empty(B, capacity, c.n_heads, d, dtype=memory.dtype, device=memory.device)  # noqa: E731
         return KVCache(
-            memory_kv=[layer.cross_attn.project_kv(memory) for layer in self.decoder.layers],
-            memory_mask=key_padding_mask(src, c.pad_id),
             self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in self.decoder.layers],
-            key_mask=torch.zeros(B, capacity, dtype=torch.bool, device=memory.device))
+            key_mask=torch.zeros(B, capacity, dtype=torch.bool, device=memory.device),
+            memory_kv=[layer.cross_attn.project_kv(memory) for layer in self.decoder.layers],
+            memory_mask=key_padding_mask(src, c.pad_id))
 
     def _decode(self, tokens: Tensor, cache: KVCache, record: Record = None) -> Tensor:
         start, n = cache.length, tokens.shape[1]
-        cache.key_mask[:, start:start + n] = tokens != self.config.pad_id
+        cache.key_mask[:, start:start + n] = key_padding_mask(tokens, self.config.pad_id)
         key_mask = cache.key_mask[:, None, None, :start + n]                          # (B, 1, 1, t)
         self_mask = causal_mask(start, n, tokens.device) & key_mask                   # (B, 1, n, t)
         y = record_as(record, "tgt_embed", self.embed(self.embedding, tokens, start))

@@ -1,67 +1,54 @@
 """Weights I/O: the canonical safetensors file of ``spec.weights_io`` (bf16 stored natively), bit-exact both ways.
 
 Reading and writing go through ``spec.weights_io`` so every backend raises the same ``ValueError`` for a
-missing, unexpected, misshapen, mistyped or non-finite tensor, and for a truncated or corrupt file.
+missing, unexpected, misshapen, mistyped or non-finite tensor, for a truncated or corrupt file, and for a given
+config that the stored weights do not fit.
 """
 
 from __future__ import annotations
 
 import os
 
-import ml_dtypes
 import numpy as np
 import torch
 
 import spec.weights_io
-from impl_torch.model import Transformer
+from impl_torch.model import Transformer, to_array
 from spec.config import Config
 
 
-def to_tensor(a: np.ndarray) -> torch.Tensor:
-    """A NumPy array (bf16 as ``ml_dtypes.bfloat16``) as a CPU tensor with the same bits."""
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)  # NumPy has no bf16
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def to_array(t: torch.Tensor) -> np.ndarray:
-    """A tensor as a NumPy array with the same bits (bf16 as ``ml_dtypes.bfloat16``)."""
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
-
-
-def from_params(config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None
+def from_params(config: Config, params: dict[str, np.ndarray], *, device: torch.device | str | None = None
                 ) -> Transformer:
-    """A Transformer in eval mode holding the canonical ``params`` ({name: array}) of ``config``.
+    """A Transformer in eval mode on ``device`` holding the canonical ``params`` of ``config``: {name: array} with
+    the names, shapes and dtypes (``config.param_dtype``, bf16 as ``ml_dtypes.bfloat16``) of ``spec.schema``.
 
     Raises:
         ValueError: from ``spec.weights_io.check_params``, naming the offending tensor.
     """
     spec.weights_io.check_params(config, params)
-    model = Transformer(config, device=device)
-    model.load_state_dict({name: to_tensor(a) for name, a in params.items()})
-    return model.eval()
+    return Transformer._holding(config, params, device).eval()
 
 
 def params_of(model: Transformer) -> dict[str, np.ndarray]:
-    """The model's canonical parameters as NumPy arrays, in schema order."""
+    """The model's parameters as canonical {name: NumPy array}: schema names and order, ``config.param_dtype``
+    (bf16 as ``ml_dtypes.bfloat16``), the same bits."""
     return {name: to_array(t) for name, t in model.state_dict().items()}
 
 
-def load_weights(path: str | os.PathLike, device: torch.device | str | None = None,
-                 config: Config | None = None) -> Transformer:
-    """Read a canonical weights file into a Transformer (eval mode) on ``device``.
+def load_weights(path: str | os.PathLike, config: Config | None = None, *,
+                 device: torch.device | str | None = None) -> Transformer:
+    """Read a canonical weights file into a Transformer in eval mode on ``device``.
 
-    ``config`` defaults to the one stored in the file.
+    ``config`` defaults to the one stored in the file; a given one may differ from it only where the weights do
+    not depend on it (``spec.weights_io.config_for``, which warns of the difference).
 
     Raises:
-        ValueError: naming the file if truncated or corrupt, or the tensor that is missing, unexpected, of the
-            wrong shape or dtype, or non-finite (``spec.weights_io.load_weights``).
+        ValueError: naming the file if truncated or corrupt, the field if ``config`` differs from the stored one
+            where the weights depend on it, or the tensor that is missing, unexpected, of the wrong shape or
+            dtype, or non-finite (``spec.weights_io.load_weights``).
     """
     config, params = spec.weights_io.load_weights(path, config)
-    return from_params(config, params, device)
+    return from_params(config, params, device=device)
 
 
 def save_weights(model: Transformer, path: str | os.PathLike) -> None:

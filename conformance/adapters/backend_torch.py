@@ -1,11 +1,13 @@
 """impl_torch as a conformance backend, through its public API only.
 
 NumPy crosses in both directions: token ids are passed through as given (impl_torch validates them), bf16
-activations come back as ``ml_dtypes.bfloat16``, logits as float32. Runs on CUDA when available, else CPU.
+activations come back as ``ml_dtypes.bfloat16``, logits as float32. Runs on CUDA when available, else CPU, inside
+``impl_torch.contract_numerics()`` for the whole session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from pathlib import Path
 
@@ -51,7 +53,8 @@ class TorchModel:
         cache = self.model.init_cache(self.model.encode(src), src, capacity=T if capacity is None else capacity)
         steps, start = [], 0
         for n in chunks if chunks is not None else [1] * T:
-            steps.append(self.model.decode(tgt_in[:, start:start + n], cache))
+            logits, cache = self.model.decode(tgt_in[:, start:start + n], cache)
+            steps.append(logits)
             start += n
         return self._np(torch.cat(steps, dim=1))
 
@@ -74,9 +77,8 @@ class TorchModel:
         if layer == "embedding":
             return {"x": m.embed(m.embedding, i["ids"])}
         if layer == "scaled_dot_product_attention":
-            q, k, v = (i[n].transpose(1, 2) for n in ("q", "k", "v"))  # (B, L, H, K) -> (B, H, L, K)
             fused = m.device.type == "cuda"
-            return {"out": impl_torch.scaled_dot_product_attention(q, k, v, i["mask"], fused=fused).transpose(1, 2)}
+            return {"out": impl_torch.scaled_dot_product_attention(i["q"], i["k"], i["v"], i["mask"], fused=fused)}
         if layer == "output_projection":
             return {"logits": m.output_projection(i["h"])}
         mod = m.get_submodule(prefix)
@@ -99,9 +101,13 @@ class TorchModel:
 
 class TorchBackend:
     name = "torch"
+    module = impl_torch
 
     def __init__(self):
-        impl_torch.contract_numerics()  # TF32 off, fp32 reductions in bf16 GEMMs (CUDA)
+        # Entered for the life of the backend, i.e. the session: the stack holds the contexts (a generator context
+        # that is garbage-collected would exit, restoring the flags), and nothing closes it.
+        self._session = contextlib.ExitStack()
+        self._session.enter_context(impl_torch.contract_numerics())  # TF32 off, fp32 reductions in bf16 GEMMs (CUDA)
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     def load(self, path: Path) -> TorchModel:

@@ -1,5 +1,5 @@
-"""Greedy and beam search: output form, batching, pad and BOS never generated, argument checks, and agreement with
-spec.search on a float32 model."""
+"""Greedy and beam search: output form, batching, pad and BOS never generated, argument checks, evaluation mode, and
+agreement with spec.search on a float32 model."""
 
 from __future__ import annotations
 
@@ -123,3 +123,31 @@ def test_bad_generation_arguments(kwargs, pattern, ids):
     if "max_new_tokens" in kwargs:
         with pytest.raises(ValueError, match=pattern):
             impl_torch.greedy_search(m, src, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_search_computes_in_eval_mode_and_restores_the_mode(kind, ids):
+    """A new model (training mode, dropout 0.1) decodes without dropout: the same tokens twice, and those of the
+    model in eval mode; every submodule's mode is as before afterwards, a mixed one included."""
+    run = impl_torch.greedy_search if kind == "greedy" else impl_torch.beam_search
+    model = impl_torch.Transformer(C32.replace(dropout=0.1), seed=2)
+    src = ids(25, 2, 6)
+    first, second = run(model, src, max_new_tokens=10), run(model, src, max_new_tokens=10)
+    assert model.training and all(m.training for m in model.modules())
+    np.testing.assert_array_equal(first.numpy(), second.numpy())
+    model.decoder.eval()
+    modes = [m.training for m in model.modules()]
+    np.testing.assert_array_equal(run(model, src, max_new_tokens=10).numpy(), first.numpy())
+    assert [m.training for m in model.modules()] == modes
+    model.eval()
+    np.testing.assert_array_equal(run(model, src, max_new_tokens=10).numpy(), first.numpy())
+    assert not any(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_mode_restored_after_an_error(kind, ids):
+    run = impl_torch.greedy_search if kind == "greedy" else impl_torch.beam_search
+    model = impl_torch.Transformer(C32)
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
+        run(model, ids(26, 1, 4), max_new_tokens=0)
+    assert model.training

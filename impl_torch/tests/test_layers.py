@@ -1,14 +1,16 @@
-"""Layers against the contract: rounding points, positional encoding, attention masks."""
+"""Layers against the contract: rounding points, positional encoding, attention masks; the numerics context."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 import torch
 
 import impl_torch
 from impl_torch.layers import layer_norm, project
+from spec import TINY
 from spec.numerics import BF16
 
 
@@ -48,8 +50,9 @@ def test_layer_norm_statistics_in_fp32():
 
 
 def _attention_inputs(dtype=torch.float32):
+    """q (B, T, H, K), k (B, S, H, K), v (B, S, H, C), mask (B, 1, T, S): the spec's layout."""
     B, H, T, S, K, C = 2, 3, 4, 6, 16, 8
-    q, k, v = _bf16(B, H, T, K, seed=7), _bf16(B, H, S, K, seed=8), _bf16(B, H, S, C, seed=9)
+    q, k, v = _bf16(B, T, H, K, seed=7), _bf16(B, S, H, K, seed=8), _bf16(B, S, H, C, seed=9)
     mask = torch.ones(B, 1, T, S, dtype=torch.bool)
     mask[1, ..., 4:] = False                                                # row 1: keys 4.. are padding
     return q.to(dtype), k.to(dtype), v.to(dtype), mask
@@ -58,10 +61,11 @@ def _attention_inputs(dtype=torch.float32):
 def test_masked_keys_get_exactly_zero_weight():
     q, k, v, mask = _attention_inputs()
     out = impl_torch.scaled_dot_product_attention(q, k, v, mask)
+    assert out.shape == (2, 4, 3, 8)                                        # (B, T, H, C)
     v2 = v.clone()
-    v2[1, :, 4:] = 1e4                                                      # change only masked keys' values
+    v2[1, 4:] = 1e4                                                         # change only masked keys' values
     k2 = k.clone()
-    k2[1, :, 4:] = -k2[1, :, 4:]
+    k2[1, 4:] = -k2[1, 4:]
     torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k2, v2, mask), out, rtol=0, atol=0)
 
 
@@ -74,9 +78,11 @@ def test_fully_masked_query_rows_are_finite():
 
 def test_plain_attention_is_equation_1():
     q, k, v, mask = _attention_inputs()
-    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    qh, kh, vh = (t.double().transpose(1, 2) for t in (q, k, v))           # (B, H, L, K)
+    scores = (qh @ kh.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     probs = torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
-    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k, v, mask).double(), probs @ v.double())
+    want = (probs @ vh).transpose(1, 2)                                     # (B, T, H, C)
+    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k, v, mask).double(), want)
 
 
 def test_fused_attention_agrees_with_plain_in_float32():
@@ -91,3 +97,30 @@ def test_sublayer_connection_post_and_pre_norm(tiny):
     torch.testing.assert_close(post(x, lambda h: y), post.add_norm(x, y), rtol=0, atol=0)     # LayerNorm(x + y)
     sub = lambda h: h * 2                                                                    # noqa: E731
     torch.testing.assert_close(pre(x, sub), x + sub(layer_norm(x, pre.scale, pre.bias, pre.eps)), rtol=0, atol=0)
+
+
+def _flags():
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+
+
+def test_contract_numerics_sets_the_flags_and_restores_them():
+    before = _flags()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        with impl_torch.contract_numerics():
+            assert _flags() == (False, False, False)
+        assert _flags() == (True, True, before[2])
+        with pytest.raises(RuntimeError, match="inside"), impl_torch.contract_numerics():
+            raise RuntimeError("inside")
+        assert _flags() == (True, True, before[2])                          # restored on an exception too
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction) = before
+
+
+def test_building_and_running_a_model_changes_no_flag(ids):
+    before = _flags()
+    model = impl_torch.Transformer(TINY)
+    impl_torch.greedy_search(model, ids(0, 1, 4), max_new_tokens=3)
+    assert _flags() == before

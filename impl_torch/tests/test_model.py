@@ -1,6 +1,9 @@
-"""The model: canonical parameters, shapes and dtypes, mixed dtypes, masks, KV cache, devices, input validation."""
+"""The model: initialisation, canonical parameters, shapes and dtypes, mixed dtypes and casts, masks, KV cache,
+devices, input validation."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl_torch
+import spec.api
 from spec import TINY, init_params, preset, shapes
 from spec import reference as ref
 from spec.numerics import Numerics, np_dtype
@@ -47,9 +51,10 @@ def test_forward_shapes_dtypes_and_intermediates(model, ids):
     assert inter["logits"] is logits and sorted(inter) == sorted(shapes.intermediates(model.config, B, S, T))
 
 
-def test_numpy_and_torch_inputs_agree(model, ids):
+def test_numpy_list_and_torch_inputs_agree(model, ids):
     src, tgt = ids(2, 2, 5), ids(3, 2, 4, bos=True)
     torch.testing.assert_close(model(src.numpy(), tgt.numpy()), model(src, tgt), rtol=0, atol=0)
+    torch.testing.assert_close(model(src.tolist(), tgt.tolist()), model(src, tgt), rtol=0, atol=0)
 
 
 def test_causal_mask_hides_later_targets(model, ids):
@@ -89,18 +94,43 @@ def test_cached_decoding_equals_full_forward(model, ids):
     tgt[2, 4:] = TINY.pad_id
     full = model(src, tgt)
     cache = model.init_cache(model.encode(src), src, capacity=6)
-    steps = torch.cat([model.decode(tgt[:, :2], cache)] + [model.decode(tgt[:, t:t + 1], cache) for t in range(2, 6)],
-                      dim=1)
+    steps = []
+    for start, end in [(0, 2), (2, 3), (3, 4), (4, 5), (5, 6)]:
+        logits, cache = model.decode(tgt[:, start:end], cache)
+        steps.append(logits)
     valid = tgt != TINY.pad_id
-    torch.testing.assert_close(steps[valid], full[valid], rtol=0, atol=_tol(model))
+    torch.testing.assert_close(torch.cat(steps, dim=1)[valid], full[valid], rtol=0, atol=_tol(model))
     assert cache.length == 6
+
+
+def test_kv_cache_fields_and_layouts(ids, tiny):
+    """The fields of spec.api in its order and layouts; decode writes the given cache in place and returns it."""
+    m, c = tiny(), TINY
+    B, S, P = 3, 5, 7
+    src = ids(40, B, S)
+    src[1, 3:] = c.pad_id
+    cache = m.init_cache(m.encode(src), src, capacity=P)
+    assert tuple(f.name for f in dataclasses.fields(cache)) == spec.api.KV_CACHE_FIELDS
+    assert len(cache.self_kv) == len(cache.memory_kv) == c.n_decoder_layers
+    for (k, v), (mk, mv) in zip(cache.self_kv, cache.memory_kv, strict=True):
+        assert k.shape == (B, P, c.n_heads, c.d_k) and v.shape == (B, P, c.n_heads, c.d_v)
+        assert mk.shape == (B, S, c.n_heads, c.d_k) and mv.shape == (B, S, c.n_heads, c.d_v)
+    assert cache.key_mask.shape == (B, P) and cache.key_mask.dtype == torch.bool and not cache.key_mask.any()
+    assert cache.memory_mask.dtype == torch.bool
+    torch.testing.assert_close(cache.memory_mask, src != c.pad_id, rtol=0, atol=0)
+    assert cache.length == 0 and cache.capacity == P
+    tokens = torch.tensor([[1, 5], [1, c.pad_id], [1, 9]])
+    logits, returned = m.decode(tokens, cache)
+    assert returned is cache and cache.length == 2 and logits.shape == (B, 2, c.vocab_size)
+    torch.testing.assert_close(cache.key_mask[:, :2], tokens != c.pad_id, rtol=0, atol=0)
+    assert not cache.key_mask[:, 2:].any()
 
 
 def test_cache_has_no_room_for_more(ids, tiny):
     m = tiny()
     src = ids(10, 1, 4)
     cache = m.init_cache(m.encode(src), src, capacity=2)
-    m.decode(torch.tensor([[1, 5]]), cache)
+    _, cache = m.decode(torch.tensor([[1, 5]]), cache)
     with pytest.raises(ValueError, match="exceed the cache capacity 2"):
         m.decode(torch.tensor([[5]]), cache)
 
@@ -119,8 +149,10 @@ def test_numpy_capacity_and_negative_stride_ids_accepted(model, ids):
     assert src.strides[0] < 0
     cache = model.init_cache(model.encode(src), src, np.int64(7))
     n = np.int64(3)
-    steps = torch.cat([model.decode(tgt[:, :n], cache), model.decode(tgt[:, n:], cache)], dim=1)
-    torch.testing.assert_close(steps, model(src.copy(), tgt.copy()), rtol=0, atol=_tol(model))
+    first, cache = model.decode(tgt[:, :n], cache)
+    rest, cache = model.decode(tgt[:, n:], cache)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), model(src.copy(), tgt.copy()), rtol=0,
+                               atol=_tol(model))
     assert cache.capacity == 7 and cache.length == 5
 
 
@@ -185,17 +217,87 @@ def test_bf16_compute_rounds_fp32_parameters_before_use(ids):
     assert _rms_rel_err(logits, rounded) < 0.01 * _rms_rel_err(logits, unrounded)
 
 
-def test_paper_initialisation():
-    m = impl_torch.Transformer(TINY)
-    assert m.training and m.embedding.dtype == torch.bfloat16
-    assert (m.encoder.layers[0].ffn_norm.scale == 1).all() and (m.encoder.layers[0].ffn.b_1 == 0).all()
-    a = (6.0 / (TINY.d_model + TINY.d_ff)) ** 0.5
-    assert m.encoder.layers[0].ffn.w_1.float().abs().max() <= a
+@pytest.mark.parametrize("config", [TINY, TINY.replace(param_dtype="float32", norm_first=True)])
+def test_constructor_holds_the_specs_init_params(config):
+    """Bit for bit spec.init_params(config, seed), seed 0 by default, drawn without torch's RNG; training mode."""
+    rng = torch.random.get_rng_state()
+    for model, seed in ((impl_torch.Transformer(config, seed=3), 3), (impl_torch.Transformer(config), 0)):
+        assert model.training and model.config == config
+        got, want = impl_torch.params_of(model), init_params(config, seed)
+        assert list(got) == list(want)
+        assert all(got[n].dtype == a.dtype and got[n].tobytes() == a.tobytes() for n, a in want.items())
+    assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.0, True, None])
+def test_bad_seed_raises_the_specs_error(seed):
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        impl_torch.Transformer(TINY, seed)
+
+
+def test_dropout_in_training_mode_only(ids):
+    """A new model is in training mode, dropout on; ``.eval()`` turns it off."""
+    model = impl_torch.Transformer(TINY.replace(dropout=0.5))
+    src, tgt = ids(41, 2, 6), ids(42, 2, 5, bos=True)
+    assert not torch.equal(model(src, tgt), model(src, tgt))
+    model.eval()
+    torch.testing.assert_close(model(src, tgt), model(src, tgt), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype, cast, param_dtype", [
+    ("float32", torch.nn.Module.bfloat16, "bfloat16"),
+    ("float32", lambda m: m.to(torch.bfloat16), "bfloat16"),
+    ("bfloat16", torch.nn.Module.float, "float32"),
+    ("bfloat16", lambda m: m.to("cpu", torch.float32), "float32"),
+])
+def test_a_cast_to_bf16_or_fp32_sets_param_dtype(dtype, cast, param_dtype, ids):
+    """The config stays true: param_dtype follows the parameters, dtype stays, and the model computes as the one
+    built with that config from the cast parameters (rule 0); the PE table stays fp32."""
+    c = preset("tiny", dtype=dtype, param_dtype=dtype)
+    params = init_params(c, 6, observable=True)
+    model = impl_torch.from_params(c, params)
+    assert cast(model) is model
+    assert model.config == c.replace(param_dtype=param_dtype)
+    assert {p.dtype for p in model.parameters()} == {impl_torch.layers.DTYPES[param_dtype]}
+    assert model.embed.pe.dtype == torch.float32
+    torch.testing.assert_close(model.embed.pe, impl_torch.positional_encoding(c.max_len, c.d_model), rtol=0, atol=0)
+    same = impl_torch.from_params(model.config, {k: v.astype(np_dtype(param_dtype)) for k, v in params.items()})
+    src, tgt = ids(43, 2, 6), ids(44, 2, 5, bos=True)
+    torch.testing.assert_close(model(src, tgt), same(src, tgt), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cast, name", [
+    (torch.nn.Module.half, "torch.float16"),
+    (torch.nn.Module.double, "torch.float64"),
+    (lambda m: m.to(torch.float16), "torch.float16"),
+    (lambda m: m.to("cpu", torch.float64), "torch.float64"),
+])
+def test_a_cast_to_another_float_dtype_raises_before_anything_changes(cast, name, tiny):
+    model = tiny()
+    config, params = model.config, impl_torch.params_of(model)
+    with pytest.raises(ValueError, match=f"cannot cast the parameters to {name}"):
+        cast(model)
+    assert model.config == config and model.embed.pe.dtype == torch.float32
+    assert all(impl_torch.params_of(model)[n].tobytes() == a.tobytes() for n, a in params.items())
+
+
+def test_moving_device_keeps_config_and_dtypes(ids):
+    c = preset("tiny", param_dtype="float32")
+    model = impl_torch.Transformer(c, seed=1).eval()
+    src, tgt = ids(45, 1, 5), ids(46, 1, 4, bos=True)
+    want = model(src, tgt)
+    assert model.to("cpu") is model and model.cpu() is model and model.to(device=torch.device("cpu")) is model
+    assert model.config == c and model.embedding.dtype == torch.float32 and model.embed.pe.dtype == torch.float32
+    torch.testing.assert_close(model(src, tgt), want, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_cpu(ids, tiny):
     cpu = tiny()
     gpu = impl_torch.from_params(cpu.config, impl_torch.params_of(cpu), device="cuda")
+    moved = impl_torch.from_params(cpu.config, impl_torch.params_of(cpu)).to("cuda")
+    assert moved.device.type == "cuda" and moved.embed.pe.device.type == "cuda" and moved.config == cpu.config
     src, tgt = ids(15, 2, 6), ids(16, 2, 5, bos=True)
-    torch.testing.assert_close(gpu(src.cuda(), tgt.cuda()).cpu(), cpu(src, tgt), rtol=0, atol=TOL[torch.bfloat16])
+    with impl_torch.contract_numerics():
+        for m in (gpu, moved):
+            torch.testing.assert_close(m(src.cuda(), tgt.cuda()).cpu(), cpu(src, tgt), rtol=0, atol=TOL[torch.bfloat16])

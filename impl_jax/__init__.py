@@ -1,34 +1,44 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in JAX, conforming to the aiayn spec.
 
-Pure functions of a parameter pytree, compiled with ``jax.jit`` with the
-(frozen, hashable) ``spec.config.Config`` as a static argument. Numerics follow
+The common public API of ``spec.api``; the same lines work in every backend::
+
+    import spec
+    import impl_jax as T
+
+    config = spec.preset("tiny")
+    model = T.Transformer(config, seed=0)       # the weights of spec.init_params(config, 0), in every backend
+    src, tgt_in = [[5, 9, 17, 2]], [[1, 7, 7]]  # (B, S), (B, T) token ids; 0 pad, 1 BOS, 2 EOS
+    logits = model(src, tgt_in)                 # (B, T, V) float32, teacher forcing
+    tokens = T.beam_search(model, src)          # (B, L) int64: beam 4, alpha 0.6, EOS included
+    cache = model.init_cache(model.encode(src), src, capacity=8)
+    step_logits, cache = model.decode([[1]], cache)   # (B, 1, V) float32; go on with the returned cache
+    T.save_weights(model, "model.safetensors")
+
+``Transformer`` is a pytree (parameters as children, the frozen config as
+static aux data), so ``jax.jit(lambda m, s, t: m(s, t))(model, src, tgt_in)``
+works; the functional layer it calls, ``impl_jax.model.forward(params, config,
+src, tgt_in)`` and its siblings, is there for those who want it. Numerics follow
 ``spec.numerics``: bf16 parameters and activations, fp32 accumulation,
 attention scores, softmax and LayerNorm statistics in fp32, float32 logits.
+Search results are NumPy int64 arrays (JAX has int64 only under the
+process-wide ``jax_enable_x64`` flag, which this library never sets).
 
-Example::
+Batch and lengths are padded to buckets inside ``model(...)``, ``encode`` and
+the searches, so varying shapes compile a bounded number of programs; each
+compilation logs one line at INFO on the ``"impl_jax"`` logger.
 
-    import impl_jax as T
-    from spec.config import TINY
-
-    params = T.init_params(TINY, seed=0)                  # or: config, params = T.load_weights("model.safetensors")
-    src = [[5, 6, 7, 2]]                                  # (B, S) token ids; 0 = pad, 1 = BOS, 2 = EOS
-    logits = T.forward(params, TINY, src, [[1, 8, 9]])    # (1, 3, V) float32, teacher forcing
-    tokens = T.beam_search(params, TINY, src)             # (1, L) int32: beam 4, alpha 0.6, limit S + 50
-    memory = T.encode(params, TINY, src)                  # incremental decoding with a KV cache:
-    cache = T.init_cache(params, TINY, memory, src, capacity=16)
-    step_logits, cache = T.decode(params, TINY, [[1]], cache)
-    T.save_weights(params, TINY, "model.safetensors")
-
-Every entry point raises ``ValueError`` (the spec's messages) on bad input
-before anything is traced.
+Every entry point raises ``ValueError`` (the spec's messages, ``spec.validate``)
+on bad input before anything is computed.
 """
 
-from impl_jax import layers
+from impl_jax import layers, model
 from impl_jax.generate import beam_search, greedy_search
-from impl_jax.model import KVCache, decode, encode, forward, init_cache, output_logits
-from impl_jax.weights import init_params, load_weights, params_at, save_weights, to_flat, to_tree
+from impl_jax.model import KVCache, Transformer
+from impl_jax.weights import from_params, load_weights, params_of, save_weights
+
+__version__ = "0.2.0"
 
 __all__ = [
-    "KVCache", "beam_search", "decode", "encode", "forward", "greedy_search", "init_cache", "init_params", "layers",
-    "load_weights", "output_logits", "params_at", "save_weights", "to_flat", "to_tree",
+    "KVCache", "Transformer", "__version__", "beam_search", "from_params", "greedy_search", "layers", "load_weights",
+    "model", "params_of", "save_weights",
 ]

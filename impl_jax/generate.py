@@ -2,16 +2,21 @@
 
 Both follow ``spec.search`` step for step: start from BOS, stop each sequence
 at EOS or at its own limit (non-pad source length + 50 by default,
-``spec.validate.generation_limits``), return tokens (B, L) int32 that exclude
-BOS, include EOS and are right-padded with ``pad_id`` to the longest row.
-Pad and BOS are never generated (``forbid_special``).
+``spec.validate.generation_limits``), return tokens (B, L) that exclude BOS,
+include EOS and are right-padded with ``pad_id`` to the longest row, as a NumPy
+int64 array (JAX holds int64 only under the process-wide ``jax_enable_x64``
+flag, which a library must not set). Pad and BOS are never generated
+(``forbid_special``). JAX here has no dropout: search is always in evaluation mode.
 
-Shapes are static and limits are data: the cache capacity P is
-``max_new_tokens`` if given, else ``min(max_len, S + 50)`` (every default
-limit fits), so each (batch, source length, P, beam size) compiles once. A
-step runs one token through the decoder against the cache (attention reads
-the P cache slots; everything else is one token's work); cross-attention K/V
-are computed once per source.
+Shapes are static and limits are data, and the shapes are bucketed
+(``batch_bucket``, ``length_bucket`` of ``impl_jax.model``): the batch is padded to the
+next power of two with rows of ``pad_id`` (limit 1, dropped from the result),
+the source to its length bucket with ``pad_id`` (masked keys), and the cache
+capacity P is the bucket of the longest limit. So each (batch bucket, source
+bucket, P, beam size) compiles once, and logs one line on the ``"impl_jax"``
+logger. A step runs one token through the decoder against the cache
+(attention reads the P cache slots; everything else is one token's work);
+cross-attention K/V are computed once per source.
 
 Ties: ``jnp.argmax`` takes the first of equal maxima; ``lax.top_k`` returns
 equal values in ascending index order (XLA's TopK semantics; checked against a
@@ -28,23 +33,42 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from impl_jax import model
+from impl_jax.model import (
+    Ids,
+    KVCache,
+    Transformer,
+    batch_bucket,
+    cast_params,
+    decoder_stack,
+    empty_cache,
+    encoder_stack,
+    length_bucket,
+    log,
+    padded_ids,
+)
 from spec import validate
 from spec.config import Config
 
 Params = dict
 F32 = jnp.float32
-EXTRA = 50  # default limit: source length + 50 (section 6.1)
 
 
-def _capacity(src: np.ndarray, config: Config, max_new_tokens: int | None) -> int:
-    """Static cache capacity: every sequence's limit fits (``validate.generation_limits`` checked max_len)."""
-    return int(max_new_tokens) if max_new_tokens is not None else min(config.max_len, src.shape[1] + EXTRA)
+def _bucketed(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[jax.Array, jax.Array, int]:
+    """The validated source (B, S) and its limits (B,) on the shape buckets, and the cache capacity.
+
+    Added rows get limit 1: they stop after one step and never hold the loop. The
+    capacity, the bucket of the longest limit, holds every sequence's tokens
+    (``validate.generation_limits`` checked the limits against max_len).
+    """
+    c, (B, S) = model.config, src.shape
+    Bb, capacity = batch_bucket(B), length_bucket(int(limits.max()), c.max_len)
+    return (padded_ids(src, src, Bb, length_bucket(S, c.max_len), c.pad_id),
+            jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)
 
 
-def _prefill(params: Params, src: jax.Array, config: Config, capacity: int, repeat: int = 1) -> model.KVCache:
+def _prefill(params: Params, src: jax.Array, config: Config, capacity: int, repeat: int = 1) -> KVCache:
     """Encode ``src`` (B, S) and build an empty cache; with ``repeat`` = k, each row repeated k times (beams)."""
-    cache = model.empty_cache(params, model.encoder_stack(params, src, config), src, capacity, config)
+    cache = empty_cache(params, encoder_stack(params, src, config), src, capacity, config)
     rep = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  row b*k + j is beam j of sequence b
     return cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
                           memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
@@ -59,12 +83,14 @@ def forbid_special(scores: jax.Array, pad_id: int, bos_id: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("config", "capacity"))
 def _greedy(params: Params, src: jax.Array, limits: jax.Array, config: Config, capacity: int):
-    params = model.cast_params(params, config)
+    log.info("impl_jax: compiling greedy_search for batch %d, source length %d (buckets); capacity %d",
+             *src.shape, capacity)
+    params = cast_params(params, config)
     B = src.shape[0]
 
     def step(state):
         t, tokens, out, done, cache = state
-        logits, cache = model.decoder_stack(params, tokens[:, None], cache, config)           # (B, 1, V)
+        logits, cache = decoder_stack(params, tokens[:, None], cache, config)           # (B, 1, V)
         best = jnp.argmax(forbid_special(logits[:, 0], config.pad_id, config.bos_id), axis=-1)  # first of maxima
         tokens = jnp.where(done, config.pad_id, best)
         done = done | (tokens == config.eos_id) | (t + 1 >= limits)
@@ -81,18 +107,22 @@ def _greedy(params: Params, src: jax.Array, limits: jax.Array, config: Config, c
     return out, steps
 
 
-def greedy_search(params: Params, config: Config, src, max_new_tokens: int | None = None) -> jax.Array:
-    """Greedy decoding (``spec.search.greedy_search``): src (B, S) int -> tokens (B, L) int32.
+def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> np.ndarray:
+    """Greedy decoding (``spec.search.greedy_search``, section 6.1): src (B, S) int -> tokens (B, L) NumPy int64.
+
+    Each step takes the most probable token (the lower id on ties; never pad or
+    BOS); a sequence stops at EOS (included) or at its limit, ``max_new_tokens``
+    if given, else its non-pad source length + 50.
 
     Raises:
         ValueError: from ``spec.validate.check_source`` and ``generation_limits``.
     """
-    src = np.asarray(src)
-    validate.check_source(src, config)
-    limits = validate.generation_limits(src, config, max_new_tokens)
-    out, steps = _greedy(params, jnp.asarray(src, jnp.int32), jnp.asarray(limits, jnp.int32), config,
-                         _capacity(src, config, max_new_tokens))
-    return out[:, :int(steps)]
+    c, host = model.config, np.asarray(src)
+    validate.check_source(host, c)
+    limits = validate.generation_limits(host, c, max_new_tokens)
+    src, limits, capacity = _bucketed(model, host, limits)
+    out, steps = _greedy(model.params, src, limits, c, capacity)
+    return np.asarray(out)[:host.shape[0], :int(steps)].astype(np.int64)
 
 
 # ----------------------------------------------------------------- beam
@@ -109,12 +139,14 @@ def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("config", "capacity", "k"))
 def _beam(params: Params, src: jax.Array, limits: jax.Array, lp: jax.Array, config: Config, capacity: int, k: int):
-    params = model.cast_params(params, config)
+    log.info("impl_jax: compiling beam_search for batch %d, source length %d (buckets); capacity %d, beam %d",
+             *src.shape, capacity, k)
+    params = cast_params(params, config)
     B, V, ninf = src.shape[0], config.vocab_size, -jnp.inf
 
     def step(state):  # s: per-sequence beam state, arrays with leading axes (B, k)
         t, s, done, cache = state
-        logits, cache = model.decoder_stack(params, s["tokens"].reshape(B * k, 1), cache, config)   # (B*k, 1, V)
+        logits, cache = decoder_stack(params, s["tokens"].reshape(B * k, 1), cache, config)   # (B*k, 1, V)
         logp = jax.nn.log_softmax(logits[:, 0], axis=-1)                                      # fp32, over all of V
         logp = forbid_special(logp, config.pad_id, config.bos_id).reshape(B, k, V)
         cand, top = _top((s["alive_lp"][:, :, None] + logp).reshape(B, k * V), 2 * k)        # (B, 2k)
@@ -162,22 +194,26 @@ def length_penalty_table(capacity: int, alpha: float) -> np.ndarray:
     return (((5.0 + np.arange(capacity + 1)) / 6.0) ** alpha).astype(np.float32)
 
 
-def beam_search(params: Params, config: Config, src, beam_size: int = 4, alpha: float = 0.6,
-                max_new_tokens: int | None = None) -> jax.Array:
-    """Beam search (``spec.search.beam_search``; paper: beam 4, alpha 0.6): src (B, S) int -> tokens (B, L) int32.
+def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
+                max_new_tokens: int | None = None) -> np.ndarray:
+    """Beam search (``spec.search.beam_search``; section 6.1: beam 4, alpha 0.6): src (B, S) int -> tokens (B, L)
+    NumPy int64.
 
-    The batch is searched together; each sequence stops on its own (the spec's
-    early-stop rule or its limit) and then keeps its state.
+    Scores are log-probabilities normalised by the length penalty
+    ``((5 + L) / 6) ** alpha`` (Wu et al., 2016). The batch is searched together;
+    each sequence stops on its own (the spec's early-stop rule or its limit) and
+    then keeps its state. Its best finished hypothesis is returned, else its best
+    alive one.
 
     Raises:
         ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
     """
-    src = np.asarray(src)
-    validate.check_source(src, config)
-    limits = validate.generation_limits(src, config, max_new_tokens)
+    c, host = model.config, np.asarray(src)
+    validate.check_source(host, c)
+    limits = validate.generation_limits(host, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
-    beam_size, alpha = int(beam_size), float(alpha)
-    capacity = _capacity(src, config, max_new_tokens)
-    best, length = _beam(params, jnp.asarray(src, jnp.int32), jnp.asarray(limits, jnp.int32),
-                         jnp.asarray(length_penalty_table(capacity, alpha)), config, capacity, beam_size)
-    return best[:, :int(length.max())]
+    src, limits, capacity = _bucketed(model, host, limits)
+    best, length = _beam(model.params, src, limits, jnp.asarray(length_penalty_table(capacity, float(alpha))), c,
+                         capacity, int(beam_size))
+    B = host.shape[0]
+    return np.asarray(best)[:B, :int(np.asarray(length)[:B].max())].astype(np.int64)

@@ -1,20 +1,35 @@
-"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3) as pure, jitted JAX functions.
+"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3): a pytree model over pure, jitted functions.
 
-Parameters are a pytree of nested dicts keyed by the canonical names of
-``spec.schema`` (``params["decoder"]["layers"][1]["cross_attn"]["w_q"]`` is
-``decoder.layers.1.cross_attn.w_q``; see ``impl_jax.weights``). The config is a
-static argument: ``spec.config.Config`` is frozen and hashable, so each
-(config, shapes) pair compiles once.
+``Transformer`` is the public model, in the Equinox style: a pytree whose
+children are the parameters and whose static aux data is the frozen
+``spec.config.Config``, so it passes through ``jax.jit``, ``jax.tree.map`` and
+``jax.device_put`` like any pytree and its methods are pure. It holds nothing
+else, and unflattening never re-initialises.
+
+Below it is the functional layer the methods call, for those who want it:
+``forward(params, config, src, tgt_in)``, ``encode``, ``init_cache`` and
+``decode`` of a parameter pytree (nested dicts keyed by the canonical names of
+``spec.schema``: ``params["decoder"]["layers"][1]["cross_attn"]["w_q"]`` is
+``decoder.layers.1.cross_attn.w_q``; see ``to_tree``). The config is a static
+argument of every jitted function: ``Config`` is frozen and hashable.
+
+Compilation is bounded: ``forward`` and ``encode`` pad the batch to the next
+power of two and the lengths to buckets (``length_bucket``), so a stream of
+varying shapes compiles a few programs, not one per shape. Each new
+compilation logs one line at INFO on the ``"impl_jax"`` logger.
 
 Every public function validates its inputs on host copies with ``spec.validate``
 before anything is converted, traced or computed, so bad input raises the
-spec's ``ValueError`` and never reaches JAX's clamping gathers.
+spec's ``ValueError`` and never reaches JAX's clamping gathers. Inside the
+caller's own ``jax.jit`` token ids are tracers: then the checks that need only
+shapes and dtypes run, and the value checks are skipped (``host_ids``).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import logging
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +38,12 @@ import numpy as np
 from impl_jax import layers
 from spec import validate
 from spec.config import Config
+from spec.init import init_params
 
 Params = dict
+Ids = Any  # token ids (B, L): a nested list, a NumPy array, a jax.Array, or a tracer inside the caller's jit
+
+log = logging.getLogger("impl_jax")
 
 
 class KVCache(NamedTuple):
@@ -47,6 +66,83 @@ class KVCache(NamedTuple):
     @property
     def capacity(self) -> int:
         return self.key_mask.shape[1]
+
+
+# ----------------------------------------------------------------- the parameter pytree
+
+def to_tree(flat: dict[str, np.ndarray]) -> Params:
+    """Canonical ``{dotted name: array}`` -> nested dicts (lists for layer stacks) of ``jax.Array``, dtypes kept."""
+    tree: dict = {}
+    for name, array in flat.items():
+        *path, leaf = name.split(".")
+        node = tree
+        for key in path:
+            node = node.setdefault(key, {})
+        node[leaf] = jnp.asarray(array)
+    return _lists(tree)
+
+
+def _lists(node):
+    """Turn dicts keyed "0".."n-1" into lists (layer stacks)."""
+    if not isinstance(node, dict):
+        return node
+    node = {k: _lists(v) for k, v in node.items()}
+    if node and all(k.isdigit() for k in node):
+        return [node[str(i)] for i in range(len(node))]
+    return node
+
+
+def params_at(params: Params, name: str) -> Any:
+    """The subtree or leaf under a canonical name, e.g. ``"decoder.layers.1.cross_attn"``; ``""`` is the tree."""
+    node = params
+    for key in filter(None, name.split(".")):
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    return node
+
+
+# ----------------------------------------------------------------- input checks and shape buckets
+
+def host_ids(ids: Ids, config: Config) -> np.ndarray:
+    """Token ids as NumPy for ``spec.validate``: a host copy of concrete ids.
+
+    A tracer (the ids inside the caller's ``jax.jit``) has no values: it becomes a
+    read-only stand-in of its shape and dtype that holds a valid non-pad id
+    (``eos_id``), so the checks of rank, shape and integer dtype run and the value
+    checks (id range, all-padding rows) pass.
+    """
+    if isinstance(ids, jax.core.Tracer):
+        return np.broadcast_to(np.asarray(config.eos_id).astype(ids.dtype), ids.shape)
+    return np.asarray(ids)
+
+
+def device_ids(ids: Ids, host: np.ndarray) -> jax.Array:
+    """Validated ids as int32: the caller's tracer as it is, else the host copy ``spec.validate`` checked."""
+    return jnp.asarray(ids if isinstance(ids, jax.core.Tracer) else host, jnp.int32)
+
+
+def length_bucket(n: int, max_len: int) -> int:
+    """The padded length for n <= max_len positions: the next power of two, at least 8, at most ``max_len``."""
+    return min(max(8, 1 << (n - 1).bit_length()), max_len)
+
+
+def batch_bucket(b: int) -> int:
+    """The padded batch for b rows: the next power of two."""
+    return 1 << (b - 1).bit_length()
+
+
+def padded_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int) -> jax.Array:
+    """Validated ids (B, L) as int32 (batch, length), the new rows and positions ``pad_id``.
+
+    The padding leaves every real result as it was (up to the order of fp32 sums):
+    padded source keys are masked (exactly zero weight), padded target positions
+    come after the real ones (the causal mask hides them from those), and added
+    rows, all padding, attend uniformly over masked keys (finite) and are dropped.
+    Concrete ids are padded on the host (no XLA program per shape).
+    """
+    widths = ((0, batch - host.shape[0]), (0, length - host.shape[1]))
+    if isinstance(ids, jax.core.Tracer):
+        return jnp.pad(ids.astype(jnp.int32), widths, constant_values=pad_id)
+    return jnp.asarray(np.pad(host, widths, constant_values=pad_id), jnp.int32)
 
 
 # ----------------------------------------------------------------- traceable stacks
@@ -111,8 +207,12 @@ def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Con
     return logits, KVCache(tuple(self_kv), key_mask, cache.memory_kv, cache.memory_mask, start + n)
 
 
+# Python in a jitted function runs once per trace, that is once per new compilation: the log line goes there.
+
 @functools.partial(jax.jit, static_argnames=("config", "intermediates"))
 def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, intermediates: bool):
+    log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
+             src.shape[0], src.shape[1], tgt_in.shape[1], ", with intermediates" if intermediates else "")
     params, rec = cast_params(params, config), {} if intermediates else None
     memory = encoder_stack(params, src, config, rec)
     cache = empty_cache(params, memory, src, tgt_in.shape[1], config)  # capacity T: one code path with decode
@@ -122,76 +222,184 @@ def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _encode_jit(params: Params, src: jax.Array, config: Config) -> jax.Array:
+    log.info("impl_jax: compiling encode for batch %d, source length %d (buckets)", *src.shape)
     return encoder_stack(cast_params(params, config), src, config)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "capacity"))
 def _init_cache_jit(params: Params, memory: jax.Array, src: jax.Array, config: Config, capacity: int) -> KVCache:
+    log.info("impl_jax: compiling init_cache for batch %d, source length %d, capacity %d", *src.shape, capacity)
     return empty_cache(cast_params(params, config), memory, src, capacity, config)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _decode_jit(params: Params, tokens: jax.Array, cache: KVCache, config: Config) -> tuple[jax.Array, KVCache]:
+    log.info("impl_jax: compiling decode for batch %d, %d new tokens, source length %d, capacity %d",
+             *tokens.shape, cache.memory_mask.shape[1], cache.capacity)
     return decoder_stack(cast_params(params, config), tokens, cache, config)
 
 
-# ----------------------------------------------------------------- public API
+# ----------------------------------------------------------------- the functional API
 
-def encode(params: Params, config: Config, src) -> jax.Array:
-    """Encoder stack: src (B, S) int token ids -> memory (B, S, D) in ``config.dtype``.
+def encode(params: Params, config: Config, src: Ids) -> jax.Array:
+    """Encoder stack (section 3.1): src (B, S) int token ids -> memory (B, S, D) in ``config.dtype``.
+
+    Runs on the batch and length buckets (``padded_ids``); the padding is sliced off.
 
     Raises:
         ValueError: from ``spec.validate.check_source``.
     """
-    src = np.asarray(src)
-    validate.check_source(src, config)
-    return _encode_jit(params, jnp.asarray(src, jnp.int32), config)
+    host = host_ids(src, config)
+    validate.check_source(host, config)
+    B, S = host.shape
+    src = padded_ids(src, host, batch_bucket(B), length_bucket(S, config.max_len), config.pad_id)
+    return _encode_jit(params, src, config)[:B, :S]
 
 
-def init_cache(params: Params, config: Config, memory: jax.Array, src, capacity: int) -> KVCache:
+def init_cache(params: Params, config: Config, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
     """An empty ``KVCache`` for ``memory`` (B, S, D) of ``src`` (B, S), holding up to ``capacity`` positions.
+
+    Not bucketed: the cache has exactly the capacity asked for.
 
     Raises:
         ValueError: from ``spec.validate.check_source``, or if ``capacity`` is not
             an int in [1, config.max_len] (``check_capacity``) or ``memory`` does not match ``src``.
     """
-    src = np.asarray(src)
-    validate.check_source(src, config)
+    host = host_ids(src, config)
+    validate.check_source(host, config)
     validate.check_capacity(capacity, config)
-    if tuple(memory.shape) != (*src.shape, config.d_model):
-        raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {src.shape} and d_model")
-    return _init_cache_jit(params, memory, jnp.asarray(src, jnp.int32), config, int(capacity))
+    if tuple(memory.shape) != (*host.shape, config.d_model):
+        raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {host.shape} and d_model")
+    return _init_cache_jit(params, memory, device_ids(src, host), config, int(capacity))
 
 
-def decode(params: Params, config: Config, tokens, cache: KVCache) -> tuple[jax.Array, KVCache]:
+def decode(params: Params, config: Config, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
     """Decoder stack over n new tokens at positions ``cache.length ..`` (section 3.1).
 
     tokens (B, n) int -> (logits (B, n, V) float32, the updated cache). The
     self-attention sees the cached positions and the new ones causally, minus
-    padding keys; cross-attention uses the cache's precomputed K/V.
+    padding keys; cross-attention uses the cache's precomputed K/V. A new cache is
+    returned; go on with it (the spec's rule: the cache passed in is consumed).
 
     Raises:
         ValueError: from ``spec.validate.check_decode``: bad ids, a batch that differs
-            from the cache's, or tokens that do not fit in the cache's capacity.
+            from the cache's, or tokens that do not fit in the cache's capacity (inside
+            the caller's jit, where ``cache.length`` is traced, as if the cache were empty).
     """
-    tokens = np.asarray(tokens)
-    validate.check_decode(tokens, config, cache.key_mask.shape[0], int(cache.length), cache.capacity)
-    return _decode_jit(params, jnp.asarray(tokens, jnp.int32), cache, config)
+    host = host_ids(tokens, config)
+    length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
+    validate.check_decode(host, config, cache.key_mask.shape[0], length, cache.capacity)
+    return _decode_jit(params, device_ids(tokens, host), cache, config)
 
 
-def forward(params: Params, config: Config, src, tgt_in, intermediates: bool = False):
-    """Teacher-forced forward: src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
+def _source_side(name: str) -> bool:
+    """Whether an intermediate of ``spec.shapes.intermediates`` runs over source positions (else target)."""
+    return name == "src_embed" or name.startswith("encoder")
+
+
+def forward(params: Params, config: Config, src: Ids, tgt_in: Ids, intermediates: bool = False):
+    """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
 
     With ``intermediates=True`` returns ``(logits, {name: tensor})`` with the
     tensors of ``spec.shapes.intermediates`` (activations in ``config.dtype``).
     Padding keys are masked in every attention; the decoder's self-attention is
-    causal (section 3.2.3).
+    causal (section 3.2.3). Runs on the batch and length buckets (``padded_ids``);
+    the padding is sliced off every result.
 
     Raises:
         ValueError: from ``spec.validate.check_forward``.
     """
-    src, tgt_in = np.asarray(src), np.asarray(tgt_in)
-    validate.check_forward(src, tgt_in, config)
-    logits, rec = _forward(params, jnp.asarray(src, jnp.int32), jnp.asarray(tgt_in, jnp.int32), config,
-                           bool(intermediates))
-    return (logits, rec) if intermediates else logits
+    src_host, tgt_host = host_ids(src, config), host_ids(tgt_in, config)
+    validate.check_forward(src_host, tgt_host, config)
+    (B, S), T = src_host.shape, tgt_host.shape[1]
+    Bb = batch_bucket(B)
+    src = padded_ids(src, src_host, Bb, length_bucket(S, config.max_len), config.pad_id)
+    tgt_in = padded_ids(tgt_in, tgt_host, Bb, length_bucket(T, config.max_len), config.pad_id)
+    logits, rec = _forward(params, src, tgt_in, config, bool(intermediates))
+    if not intermediates:
+        return logits[:B, :T]
+    return logits[:B, :T], {k: v[:B, :S] if _source_side(k) else v[:B, :T] for k, v in rec.items()}
+
+
+# ----------------------------------------------------------------- the model
+
+@jax.tree_util.register_pytree_node_class
+class Transformer:
+    """The Transformer of section 3 as a pytree: ``params`` (children) and ``config`` (static aux data).
+
+    ``Transformer(config, seed=0)`` holds ``spec.init_params(config, seed)``, the
+    same bits as every other backend's; ``impl_jax.from_params`` and
+    ``impl_jax.load_weights`` build one from given weights. Parameters keep their
+    stored dtype (``config.param_dtype``) and are cast to ``config.dtype`` where
+    they are read. JAX here is inference only: there is no dropout and no mode.
+
+    The methods validate their input (the spec's ``ValueError``), then call the
+    functional layer of this module; they work inside the caller's ``jax.jit``::
+
+        logits = jax.jit(lambda m, s, t: m(s, t))(model, src, tgt_in)
+
+    Attributes:
+        config: the ``spec.config.Config`` the model computes by.
+        params: the parameter pytree (see ``to_tree``), leaves ``jax.Array``.
+
+    Raises:
+        ValueError: from ``spec.init.init_params`` if ``seed`` is not a non-negative int.
+    """
+
+    def __init__(self, config: Config, seed: int = 0):
+        self.config = config
+        self.params = to_tree(init_params(config, seed))
+
+    @classmethod
+    def _of(cls, config: Config, params: Params) -> Transformer:
+        """A model holding ``params`` as they are (checked by the caller): no initialisation."""
+        model = object.__new__(cls)
+        model.config, model.params = config, params
+        return model
+
+    def tree_flatten(self) -> tuple[tuple[Params], Config]:
+        return (self.params,), self.config
+
+    @classmethod
+    def tree_unflatten(cls, config: Config, children: tuple[Params]) -> Transformer:
+        return cls._of(config, children[0])
+
+    def __call__(self, src: Ids, tgt_in: Ids, intermediates: bool = False):
+        """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
+
+        With ``intermediates=True``: ``(logits, {name: jax.Array})``, the tensors of
+        ``spec.shapes.intermediates`` in ``config.dtype``. See ``forward``.
+
+        Raises:
+            ValueError: from ``spec.validate.check_forward``.
+        """
+        return forward(self.params, self.config, src, tgt_in, intermediates)
+
+    def encode(self, src: Ids) -> jax.Array:
+        """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in ``config.dtype``.
+
+        Raises:
+            ValueError: from ``spec.validate.check_source``.
+        """
+        return encode(self.params, self.config, src)
+
+    def init_cache(self, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
+        """An empty ``KVCache`` of ``capacity`` target positions for ``memory`` (B, S, D) of ``src`` (B, S).
+
+        The cross-attention K/V of ``memory`` are computed here, once (section 3.2.3).
+
+        Raises:
+            ValueError: from ``spec.validate.check_source`` and ``check_capacity``, or if
+                ``memory`` does not match ``src``.
+        """
+        return init_cache(self.params, self.config, memory, src, capacity)
+
+    def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, new cache).
+
+        The cache passed in is consumed: go on with the returned one.
+
+        Raises:
+            ValueError: from ``spec.validate.check_decode``.
+        """
+        return decode(self.params, self.config, tokens, cache)

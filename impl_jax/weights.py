@@ -1,9 +1,9 @@
-"""Canonical safetensors weights <-> the JAX parameter pytree, through ``spec.weights_io``.
+"""Canonical weights (``spec.schema`` names, NumPy arrays, safetensors files) <-> ``Transformer``.
 
-The pytree nests the canonical dotted names: ``"decoder.layers.1.cross_attn.w_q"``
-is ``params["decoder"]["layers"][1]["cross_attn"]["w_q"]`` (numeric parts become
-list indices). Arrays keep their stored dtype (bf16 natively), so a load and a
-save round-trip bit for bit. Errors are the spec's ``ValueError``s.
+Everything goes through ``spec.weights_io``, so files and errors are the spec's.
+Arrays keep their stored dtype (``config.param_dtype``; bf16 as
+``ml_dtypes.bfloat16`` in NumPy, ``jnp.bfloat16`` on the device), so a load and a
+save round-trip bit for bit.
 """
 
 from __future__ import annotations
@@ -11,72 +11,58 @@ from __future__ import annotations
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from impl_jax.model import Transformer, to_tree
 from spec import weights_io
 from spec.config import Config
-from spec.init import init_params as _spec_init_params
-
-Params = dict
+from spec.schema import param_specs
 
 
-def to_tree(flat: dict[str, np.ndarray]) -> Params:
-    """Canonical ``{dotted name: array}`` -> nested dicts and lists of ``jax.Array``."""
-    tree: dict = {}
-    for name, array in flat.items():
-        *path, leaf = name.split(".")
-        node = tree
-        for key in path:
-            node = node.setdefault(key, {})
-        node[leaf] = jnp.asarray(array)
-    return _lists(tree)
-
-
-def _lists(node):
-    """Turn dicts keyed "0".."n-1" into lists (layer stacks)."""
-    if not isinstance(node, dict):
-        return node
-    node = {k: _lists(v) for k, v in node.items()}
-    if node and all(k.isdigit() for k in node):
-        return [node[str(i)] for i in range(len(node))]
-    return node
-
-
-def to_flat(params: Params) -> dict[str, np.ndarray]:
-    """The pytree as canonical ``{dotted name: numpy array}`` (bf16 as ``ml_dtypes.bfloat16``)."""
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    return {".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): np.asarray(x) for path, x in leaves}
-
-
-def params_at(params: Params, prefix: str) -> Params:
-    """The subtree under a canonical prefix, e.g. ``"decoder.layers.1.cross_attn"``; ``""`` is the whole tree."""
-    node = params
-    for key in filter(None, prefix.split(".")):
-        node = node[int(key)] if isinstance(node, list) else node[key]
-    return node
-
-
-def load_weights(path: str | os.PathLike, config: Config | None = None) -> tuple[Config, Params]:
-    """Read a canonical weights file (``spec.weights_io``) -> (config, parameter pytree of ``jax.Array``).
+def from_params(config: Config, params: dict[str, np.ndarray]) -> Transformer:
+    """A model holding the canonical ``params`` ``{name: array}`` (``spec.schema`` names, ``config.param_dtype``).
 
     Raises:
-        ValueError: naming the file if truncated or corrupt, or the tensor that is
+        ValueError: from ``spec.weights_io.check_params``, naming the tensor that is missing,
+            unexpected, of the wrong shape or dtype for ``config``, or non-finite.
+    """
+    weights_io.check_params(config, params)
+    return Transformer._of(config, to_tree(params))
+
+
+def params_of(model: Transformer) -> dict[str, np.ndarray]:
+    """The model's parameters as canonical ``{name: NumPy array}`` in their stored dtype
+    (``config.param_dtype``; bf16 as ``ml_dtypes.bfloat16``), in the order of ``spec.schema.param_specs``.
+
+    Every leaf of ``model.params`` is named, so a tree changed by hand keeps its extra or missing
+    names for ``save_weights`` to report (``spec.weights_io.check_params``); names outside the schema
+    come last.
+    """
+    order = {s.name: i for i, s in enumerate(param_specs(model.config))}
+    flat = {".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): np.asarray(x)
+            for path, x in jax.tree_util.tree_leaves_with_path(model.params)}
+    return dict(sorted(flat.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+def load_weights(path: str | os.PathLike, config: Config | None = None) -> Transformer:
+    """A model from a canonical weights file (``spec.weights_io``); ``config`` defaults to the stored one.
+
+    A given config may differ from the stored one only where the weights do not
+    depend on it (``spec.weights_io.config_for``; a ``UserWarning`` names the difference).
+
+    Raises:
+        ValueError: naming the file if truncated or corrupt, the config field the
+            weights depend on if ``config`` differs there, or the tensor that is
             missing, unexpected, of the wrong shape or dtype, or non-finite.
     """
     config, flat = weights_io.load_weights(path, config)
-    return config, to_tree(flat)
+    return Transformer._of(config, to_tree(flat))
 
 
-def save_weights(params: Params, config: Config, path: str | os.PathLike) -> None:
-    """Write the parameter pytree and ``config`` as a canonical safetensors file.
+def save_weights(model: Transformer, path: str | os.PathLike) -> None:
+    """Write the model's parameters and config as a canonical safetensors file, bit for bit.
 
     Raises:
-        ValueError: as ``spec.weights_io.check_params``.
+        ValueError: as ``spec.weights_io.check_params`` (nothing is written then).
     """
-    weights_io.save_weights(path, config, to_flat(params))
-
-
-def init_params(config: Config, seed: int) -> Params:
-    """Freshly initialised parameters (``spec.init.init_params``, the paper's scheme) as a pytree."""
-    return to_tree(_spec_init_params(config, seed))
+    weights_io.save_weights(path, model.config, params_of(model))

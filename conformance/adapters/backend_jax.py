@@ -1,10 +1,14 @@
 """The JAX backend (``impl_jax``) behind the adapter protocol (``conformance.adapters.base``).
 
-Only ``impl_jax``'s public API is used: the functions ``__init__`` exports, and
-``impl_jax.layers`` with ``params_at`` to run one layer alone. fp32 products are
-pinned to true fp32 (``jax_default_matmul_precision``), so fp32 checks never run
-as TF32 or bf16 passes on an accelerator, and GPU reductions are made deterministic
-(``--xla_gpu_deterministic_ops``, read when JAX starts its backend; a no-op on CPU).
+A thin translation over ``impl_jax``'s public API (``spec.api``): ``load_weights``,
+``model(...)``, ``model.encode``, ``model.init_cache``, ``model.decode``,
+``greedy_search``, ``beam_search``, ``save_weights``; and ``impl_jax.layers`` on
+the model's parameters (``impl_jax.model.params_at``) to run one layer alone.
+fp32 products are pinned to true fp32 (``jax_default_matmul_precision``), so fp32
+checks never run as TF32 or bf16 passes on an accelerator, and GPU reductions are
+made deterministic (``--xla_gpu_deterministic_ops``, read when JAX starts its
+backend; a no-op on CPU). Those are the test harness's process-wide choices, not
+the library's.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np  # noqa: E402
 
 import impl_jax  # noqa: E402
 from impl_jax import layers  # noqa: E402
+from impl_jax.model import cast_params, output_logits, params_at  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -31,42 +36,41 @@ def _np(x) -> np.ndarray:
 
 
 class JaxModel:
-    def __init__(self, config, params):
-        self.config = config
-        self.params = params
+    def __init__(self, model: impl_jax.Transformer):
+        self.model = model
+        self.config = model.config
 
     def forward(self, src, tgt_in, intermediates=False):
         if not intermediates:
-            return _np(impl_jax.forward(self.params, self.config, src, tgt_in)), {}
-        logits, inter = impl_jax.forward(self.params, self.config, src, tgt_in, intermediates=True)
+            return _np(self.model(src, tgt_in)), {}
+        logits, inter = self.model(src, tgt_in, intermediates=True)
         return _np(logits), {k: _np(v) for k, v in inter.items()}
 
     def encode(self, src):
-        return _np(impl_jax.encode(self.params, self.config, src))
+        return _np(self.model.encode(src))
 
     def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
         T = np.shape(tgt_in)[1]
-        memory = impl_jax.encode(self.params, self.config, src)
-        cache = impl_jax.init_cache(self.params, self.config, memory, src, capacity=T if capacity is None else capacity)
+        cache = self.model.init_cache(self.model.encode(src), src, capacity=T if capacity is None else capacity)
         steps, start = [], 0
         for n in chunks if chunks is not None else [1] * T:
-            logits, cache = impl_jax.decode(self.params, self.config, np.asarray(tgt_in)[:, start:start + n], cache)
+            logits, cache = self.model.decode(np.asarray(tgt_in)[:, start:start + n], cache)
             steps.append(logits)
             start += n
         return _np(jnp.concatenate(steps, axis=1))
 
     def greedy(self, src, max_new_tokens=None):
-        return _np(impl_jax.greedy_search(self.params, self.config, src, max_new_tokens))
+        return impl_jax.greedy_search(self.model, src, max_new_tokens)
 
     def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
-        return _np(impl_jax.beam_search(self.params, self.config, src, beam_size, alpha, max_new_tokens))
+        return impl_jax.beam_search(self.model, src, beam_size, alpha, max_new_tokens)
 
     def run_layer(self, layer, prefix, inputs):
-        p = impl_jax.params_at(impl_jax.model.cast_params(self.params, self.config), prefix)
+        p = params_at(cast_params(self.model.params, self.config), prefix)
         return {k: _np(v) for k, v in _layer_fn(layer, self.config)(p, **inputs).items()}
 
     def save(self, path: Path) -> None:
-        impl_jax.save_weights(self.params, self.config, path)
+        impl_jax.save_weights(self.model, path)
 
 
 @functools.cache
@@ -91,16 +95,17 @@ def _layer_fn(layer, c):
         "feed_forward": lambda p, x: {"out": layers.feed_forward(p, x)},
         "encoder_layer": lambda p, x, mask: {"out": layers.encoder_layer(p, x, mask, c)},
         "decoder_layer": decoder_layer,
-        "output_projection": lambda p, h: {"logits": impl_jax.output_logits(p, h)},
+        "output_projection": lambda p, h: {"logits": output_logits(p, h)},
     }
     return jax.jit(fns[layer])
 
 
 class JaxBackend:
     name = "jax"
+    module = impl_jax
 
     def load(self, path: Path) -> JaxModel:
-        return JaxModel(*impl_jax.load_weights(path))
+        return JaxModel(impl_jax.load_weights(path))
 
     def describe(self) -> str:
         d = jax.devices()[0]

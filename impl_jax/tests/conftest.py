@@ -9,9 +9,8 @@ import impl_jax
 from spec.config import TINY
 
 
-def _make(dtype: str):
-    c = TINY.replace(dtype=dtype, param_dtype=dtype)
-    return c, impl_jax.init_params(c, 0)
+def _make(dtype: str) -> impl_jax.Transformer:
+    return impl_jax.Transformer(TINY.replace(dtype=dtype, param_dtype=dtype), 0)
 
 
 def _tokens(c, seed: int, B: int, L: int, bos: bool = False) -> np.ndarray:
@@ -23,7 +22,7 @@ def _tokens(c, seed: int, B: int, L: int, bos: bool = False) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def make():
-    """``make(dtype)``: (config, params) of the tiny preset in ``dtype``."""
+    """``make(dtype)``: the tiny preset's ``Transformer`` (seed 0) in ``dtype``."""
     return _make
 
 

@@ -1,6 +1,9 @@
-"""Greedy and beam search: the spec's algorithm and tie rules, per-sequence limits, one compilation per shape."""
+"""Greedy and beam search: the spec's algorithm and tie rules, per-sequence limits, NumPy int64 results,
+one compilation per shape bucket."""
 
 from __future__ import annotations
+
+import logging
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +19,7 @@ from spec.config import TINY
 from spec.init import init_params
 from spec.numerics import Numerics
 
-MAX_NEW = 8  # every test here shares the compiled shapes: src (3, 7), capacity 8
+MAX_NEW = 8  # every test here shares the compiled shapes: src (3, 7) on buckets (4, 8), capacity 8
 
 
 def decoding_case(seed: int, tokens):
@@ -27,7 +30,7 @@ def decoding_case(seed: int, tokens):
     flat["embedding"][c.eos_id] *= 2.0
     src = tokens(c, 11, 3, 7)
     src[1, 3:] = c.pad_id
-    return c, {k: v.astype(np.float64) for k, v in flat.items()}, impl_jax.to_tree(flat), src
+    return c, {k: v.astype(np.float64) for k, v in flat.items()}, impl_jax.from_params(c, flat), src
 
 
 @settings(max_examples=50, deadline=None)
@@ -40,41 +43,55 @@ def test_top_k_breaks_ties_toward_the_lower_index(values, k):
 
 
 def test_greedy_matches_the_spec(tokens):
-    c, exact, params, src = decoding_case(3, tokens)   # rows end at EOS or at the limit
+    c, exact, model, src = decoding_case(3, tokens)   # rows end at EOS or at the limit
     trace = {}
     want = search.greedy_search(exact, src, c, Numerics(c.dtype), MAX_NEW, trace)
     assert trace["margin"] > 1e-4, "the case is too close to a tie to compare decisions"
     assert (want == c.eos_id).any() and not (want == c.eos_id).any(axis=1).all()
-    np.testing.assert_array_equal(np.asarray(impl_jax.greedy_search(params, c, src, MAX_NEW)), want)
+    np.testing.assert_array_equal(impl_jax.greedy_search(model, src, MAX_NEW), want)
 
 
 @pytest.mark.parametrize("alpha", [0.6, 0.0])
 def test_beam_matches_the_spec(alpha, tokens):
-    c, exact, params, src = decoding_case(2, tokens)   # two rows finish early, one falls back to its best alive
+    c, exact, model, src = decoding_case(2, tokens)   # two rows finish early, one falls back to its best alive
     trace = {}
     want = search.beam_search(exact, src, c, Numerics(c.dtype), 4, alpha, MAX_NEW, trace)
     assert trace["margin"] > 1e-4, "the case is too close to a tie to compare decisions"
     assert (want == c.eos_id).any() and not (want == c.eos_id).any(axis=1).all()
-    np.testing.assert_array_equal(np.asarray(impl_jax.beam_search(params, c, src, 4, alpha, MAX_NEW)), want)
+    np.testing.assert_array_equal(impl_jax.beam_search(model, src, 4, alpha, MAX_NEW), want)
 
 
-def test_generation_compiles_once_per_shape(tokens):
-    c, _, params, src = decoding_case(2, tokens)
+def test_generation_compiles_once_per_shape_bucket(tokens, caplog):
+    c, _, model, src = decoding_case(2, tokens)
     before = generate._greedy._cache_size(), generate._beam._cache_size()
-    for seed in range(3):                                   # other tokens, other per-sequence limits, other alpha
-        other = tokens(c, seed, 3, 7)
-        other[seed % 2, 2 + seed:] = c.pad_id
-        impl_jax.greedy_search(params, c, other, MAX_NEW)
-        impl_jax.beam_search(params, c, other, 4, 0.3 * seed, MAX_NEW)
+    with caplog.at_level(logging.INFO, logger="impl_jax"):
+        for seed in range(3):           # other tokens, batches 3..4, lengths 6..8, per-sequence limits, alpha
+            other = tokens(c, seed, 3 + seed % 2, 6 + seed)
+            other[seed % 2, 2 + seed:] = c.pad_id
+            impl_jax.greedy_search(model, other, MAX_NEW - seed)
+            impl_jax.beam_search(model, other, 4, 0.3 * seed, MAX_NEW - seed)
     after = generate._greedy._cache_size(), generate._beam._cache_size()
     assert all(a >= 1 and a - b <= 1 for a, b in zip(after, before, strict=True)), (before, after)
+    for line in (r.getMessage() for r in caplog.records if r.name == "impl_jax"):
+        assert line.startswith("impl_jax: compiling ") and "for batch 4, source length 8 (buckets); capacity 8" in line
+
+
+def test_batch_and_source_padding_change_no_result(tokens):
+    """A source padded by hand to another bucket, and each row alone (batch 1, no added rows), search alike."""
+    c, _, model, src = decoding_case(3, tokens)
+    want = impl_jax.greedy_search(model, src, MAX_NEW)
+    np.testing.assert_array_equal(impl_jax.greedy_search(model, np.pad(src, ((0, 0), (0, 9))), MAX_NEW), want)
+    for b in range(3):
+        alone = impl_jax.greedy_search(model, src[b:b + 1], MAX_NEW)
+        np.testing.assert_array_equal(alone[0], want[b, :alone.shape[1]])
+        assert (want[b, alone.shape[1]:] == c.pad_id).all()
 
 
 def test_output_form_and_limits(tokens):
-    c, _, params, src = decoding_case(3, tokens)
-    out = np.asarray(impl_jax.greedy_search(params, c, src, MAX_NEW))
-    assert out.dtype == np.int32 and out.shape[0] == 3 and out.shape[1] <= MAX_NEW
-    for row in out:
-        eos = np.flatnonzero(row == c.eos_id)
-        if eos.size:
-            assert (row[eos[0] + 1:] == c.pad_id).all()
+    c, _, model, src = decoding_case(3, tokens)
+    for out in (impl_jax.greedy_search(model, src, MAX_NEW), impl_jax.beam_search(model, src, 4, 0.6, MAX_NEW)):
+        assert type(out) is np.ndarray and out.dtype == np.int64 and out.shape[0] == 3 and out.shape[1] <= MAX_NEW
+        for row in out:
+            eos = np.flatnonzero(row == c.eos_id)
+            if eos.size:
+                assert (row[eos[0] + 1:] == c.pad_id).all()

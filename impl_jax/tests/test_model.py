@@ -1,15 +1,23 @@
-"""The model: shapes and dtypes, masks, the KV cache, validation before tracing, compilation counts."""
+"""The model: shapes and dtypes, masks, the KV cache, the pytree and the caller's jit, validation before
+tracing, compilation per shape bucket."""
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import impl_jax
-from impl_jax import model
+from impl_jax import model as M
 from spec import reference as ref
 from spec import shapes
+from spec.config import TINY
+from spec.init import init_params
 from spec.numerics import Numerics, np_dtype
 
 
@@ -20,18 +28,75 @@ def _tol(c) -> float:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_forward_matches_the_spec_reference(dtype, make, tokens):
-    c, params = make(dtype)
+    m = make(dtype)
+    c = m.config
     src, tgt = tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True)
     src[1, 5:] = c.pad_id
-    logits = np.asarray(impl_jax.forward(params, c, src, tgt))
-    exact = ref.forward(ref.as_float64(impl_jax.to_flat(params), c), src, tgt, c, Numerics(c.dtype))
-    assert logits.dtype == np.float32 and logits.shape == (2, 5, c.vocab_size)
-    np.testing.assert_allclose(logits, exact, atol=_tol(c))
+    logits = m(src, tgt)
+    exact = ref.forward(ref.as_float64(impl_jax.params_of(m), c), src, tgt, c, Numerics(c.dtype))
+    assert isinstance(logits, jax.Array) and logits.dtype == jnp.float32 and logits.shape == (2, 5, c.vocab_size)
+    np.testing.assert_allclose(np.asarray(logits), exact, atol=_tol(c))
+
+
+def test_transformer_holds_the_spec_initialisation():
+    m = impl_jax.Transformer(TINY, seed=3)
+    want = init_params(TINY, 3)
+    got = impl_jax.params_of(m)
+    assert list(got) == list(want) and m.config is TINY
+    assert all(got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes() for k in want)
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        impl_jax.Transformer(TINY, seed=-1)
+
+
+def test_the_model_is_a_pytree_that_unflattens_without_initialising(tiny):
+    leaves, treedef = jax.tree.flatten(tiny)
+    assert len(leaves) == len(init_params(TINY, 0))
+    zero = jax.tree.map(jnp.zeros_like, tiny)                  # unflattening keeps what it is given
+    assert isinstance(zero, impl_jax.Transformer) and zero.config is tiny.config
+    assert all(not np.asarray(x).any() for x in jax.tree.leaves(zero))
+    assert jax.tree.unflatten(treedef, leaves).params is not tiny.params
+
+
+def test_works_under_the_callers_jit_with_the_same_logits(tiny, tokens):
+    c = tiny.config
+    src, tgt = tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True)
+    src[1, 5:] = c.pad_id
+    want = np.asarray(tiny(src, tgt))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda m, s, t: m(s, t))(tiny, src, tgt)), want)
+
+    @jax.jit
+    def step_by_step(m, s, t):
+        cache = m.init_cache(m.encode(s), s, 5)
+        first, cache = m.decode(t[:, :2], cache)
+        rest, _ = m.decode(t[:, 2:], cache)
+        return jnp.concatenate([first, rest], axis=1)
+
+    np.testing.assert_allclose(np.asarray(step_by_step(tiny, src, tgt)), want, atol=_tol(c))
+
+
+@pytest.mark.parametrize("src, pattern", [
+    (np.ones((2, 7), np.float32), "src: token ids must be integers"),
+    (np.ones((2, 7, 1), np.int32), "src: expected shape"),
+    (np.ones((2, TINY.max_len + 1), np.int32), "src: length 65 exceeds max_len"),
+], ids=["float_ids", "rank_3", "too_long"])
+def test_under_jit_the_static_checks_still_raise(tiny, src, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        jax.jit(lambda m, s: m(s, s[:, :5]))(tiny, src)
+
+
+def test_under_jit_the_value_checks_are_skipped(tiny, tokens):
+    """Traced ids have no values: an all-padding row cannot be seen, and computes finite logits."""
+    c = tiny.config
+    src = tokens(c, 1, 2, 7)
+    src[1] = c.pad_id
+    with pytest.raises(ValueError, match="all padding"):
+        tiny(src, src[:, :5])
+    assert np.isfinite(np.asarray(jax.jit(lambda m, s: m(s, s[:, :5]))(tiny, src))).all()
 
 
 def test_intermediates_are_named_and_shaped_as_the_spec_says(tiny, tokens):
-    c, params = tiny
-    logits, inter = impl_jax.forward(params, c, tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True), True)
+    c = tiny.config
+    logits, inter = tiny(tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True), intermediates=True)
     inter["logits"] = logits
     want = shapes.intermediates(c, 2, 7, 5)
     assert sorted(inter) == sorted(want)
@@ -40,63 +105,100 @@ def test_intermediates_are_named_and_shaped_as_the_spec_says(tiny, tokens):
 
 
 def test_causal_mask_and_key_padding(tiny, tokens):
-    c, params = tiny
+    c = tiny.config
     src, tgt = tokens(c, 3, 2, 7), tokens(c, 4, 2, 5, bos=True)
     src[1, 4:] = c.pad_id
-    base = np.asarray(impl_jax.forward(params, c, src, tgt))
+    base = np.asarray(tiny(src, tgt))
     later = tgt.copy()
     later[:, 3:] = 3
-    np.testing.assert_array_equal(np.asarray(impl_jax.forward(params, c, src, later))[:, :3], base[:, :3])
-    padded = np.asarray(impl_jax.forward(params, c, np.pad(src, ((0, 0), (0, 3))), np.pad(tgt, ((0, 0), (0, 2)))))
+    np.testing.assert_array_equal(np.asarray(tiny(src, later))[:, :3], base[:, :3])
+    padded = np.asarray(tiny(np.pad(src, ((0, 0), (0, 3))), np.pad(tgt, ((0, 0), (0, 2)))))
     assert np.isfinite(padded).all()
     np.testing.assert_allclose(padded[:, :5], base, atol=_tol(c))
 
 
+def test_each_row_of_a_padded_batch_gives_what_it_gives_alone(tiny, tokens):
+    """A batch of 3 runs as 4 (one row all padding, dropped); each real row is unchanged."""
+    c = tiny.config
+    src, tgt = tokens(c, 8, 3, 7), tokens(c, 9, 3, 5, bos=True)
+    src[2, 3:] = c.pad_id
+    batch = np.asarray(tiny(src, tgt))
+    memory = np.asarray(tiny.encode(src))
+    assert batch.shape == (3, 5, c.vocab_size) and memory.shape == (3, 7, c.d_model)
+    for b in range(3):
+        np.testing.assert_allclose(batch[b], np.asarray(tiny(src[b:b + 1], tgt[b:b + 1]))[0], atol=_tol(c))
+
+
 def test_kv_cache_one_token_at_a_time_and_in_chunks_matches_forward(tiny, tokens):
-    c, params = tiny
+    c = tiny.config
     src, tgt = tokens(c, 5, 2, 7), tokens(c, 6, 2, 5, bos=True)
     tgt[0, 4] = c.pad_id
-    full = np.asarray(impl_jax.forward(params, c, src, tgt))
-    memory = impl_jax.encode(params, c, src)
-    cache = impl_jax.init_cache(params, c, memory, src, capacity=6)
+    full = np.asarray(tiny(src, tgt))
+    memory = tiny.encode(src)
+    assert memory.shape == (2, 7, c.d_model) and memory.dtype == jnp.bfloat16
+    cache = tiny.init_cache(memory, src, capacity=6)
+    assert isinstance(cache, impl_jax.KVCache) and cache._fields == (
+        "self_kv", "key_mask", "memory_kv", "memory_mask", "length")
+    assert cache.self_kv[0][0].shape == (2, 6, c.n_heads, c.d_k) and cache.self_kv[0][1].shape == (
+        2, 6, c.n_heads, c.d_v)
+    assert cache.memory_kv[0][0].shape == (2, 7, c.n_heads, c.d_k) and cache.memory_mask.shape == (2, 7)
     steps = []
     for a, b in ((0, 1), (1, 3), (3, 4), (4, 5)):              # chunks of 1 and 2 tokens
-        logits, cache = impl_jax.decode(params, c, tgt[:, a:b], cache)
+        logits, cache = tiny.decode(tgt[:, a:b], cache)
         steps.append(np.asarray(logits))
     assert int(cache.length) == 5 and cache.capacity == 6
     np.testing.assert_allclose(np.concatenate(steps, axis=1)[tgt != c.pad_id], full[tgt != c.pad_id], atol=_tol(c))
     with pytest.raises(ValueError, match="exceed the cache capacity 6"):
-        impl_jax.decode(params, c, tgt[:, :2], cache)
+        tiny.decode(tgt[:, :2], cache)
 
 
 @pytest.mark.parametrize("call, pattern", [
-    (lambda p, c, s: impl_jax.forward(p, c, s.astype(np.float32), s), "src: token ids must be integers"),
-    (lambda p, c, s: impl_jax.forward(p, c, s, np.where(s == s[0, 0], c.vocab_size, s)), "tgt_in: token id 61"),
-    (lambda p, c, s: impl_jax.encode(p, c, jnp.asarray(s) * 0), "src: sequence 0 is all padding"),
-    (lambda p, c, s: impl_jax.decode(p, c, -s, impl_jax.init_cache(p, c, impl_jax.encode(p, c, s), s, 8)),
-     "tokens: token id -"),
-    (lambda p, c, s: impl_jax.init_cache(p, c, impl_jax.encode(p, c, s), s, c.max_len + 1), "capacity must be"),
+    (lambda m, s: m(s.astype(np.float32), s), "src: token ids must be integers"),
+    (lambda m, s: m(s, np.where(s == s[0, 0], m.config.vocab_size, s)), "tgt_in: token id 61"),
+    (lambda m, s: m.encode(jnp.asarray(s) * 0), "src: sequence 0 is all padding"),
+    (lambda m, s: m.decode(-s, m.init_cache(m.encode(s), s, 8)), "tokens: token id -"),
+    (lambda m, s: m.init_cache(m.encode(s), s, m.config.max_len + 1), "capacity must be"),
 ], ids=["float_ids", "id_at_vocab_size", "all_pad_device_array", "negative_decode_id", "capacity"])
 def test_bad_input_raises_before_tracing(tiny, call, pattern, tokens):
-    c, params = tiny
-    before = model._forward._cache_size()
+    before = M._forward._cache_size(), M._decode_jit._cache_size()
     with pytest.raises(ValueError, match=pattern):
-        call(params, c, tokens(c, 7, 2, 7))
-    assert model._forward._cache_size() == before
+        call(tiny, tokens(tiny.config, 7, 2, 7))
+    assert (M._forward._cache_size(), M._decode_jit._cache_size()) == before
 
 
-def test_forward_compiles_once_per_shape(tiny, tokens):
-    c, params = tiny
-    before = model._forward._cache_size()
-    for seed in range(3):                                      # new data, same shapes: no new compilation
-        impl_jax.forward(params, c, tokens(c, seed, 1, 7), tokens(c, seed, 1, 5, bos=True))
-    assert model._forward._cache_size() == before + 1
-    impl_jax.forward(params, c, tokens(c, 0, 1, 8), tokens(c, 0, 1, 5, bos=True))
-    assert model._forward._cache_size() == before + 2
+@pytest.mark.parametrize("n, want", [(1, 8), (3, 8), (8, 8), (9, 16), (33, 64), (64, 64)])
+def test_length_buckets(n, want):
+    assert M.length_bucket(n, 64) == want
+    assert M.length_bucket(n, 40) == min(want, 40)
+
+
+def test_forward_compiles_once_per_bucket_and_logs_it(tiny, tokens, caplog):
+    c = tiny.config
+    before = M._forward._cache_size()
+    with caplog.at_level(logging.INFO, logger="impl_jax"):
+        for S in range(9, 17):                                 # source lengths 9..16, targets 3..5: one bucket
+            tiny(tokens(c, S, 3, S), tokens(c, S, 3, 3 + S % 3, bos=True))
+        assert M._forward._cache_size() == before + 1
+        tiny(tokens(c, 0, 5, 17), tokens(c, 0, 5, 5, bos=True))  # batch 5 -> 8, source 17 -> 32
+        assert M._forward._cache_size() == before + 2
+    lines = [r.getMessage() for r in caplog.records if r.name == "impl_jax"]
+    assert lines == ["impl_jax: compiling forward for batch 4, source length 16, target length 8 (buckets)",
+                     "impl_jax: compiling forward for batch 8, source length 32, target length 8 (buckets)"]
 
 
 def test_bf16_parameters_in_a_float32_model_compute_in_float32(tiny, tokens):
-    c, params = tiny
-    c32 = c.replace(dtype="float32")
-    logits, inter = impl_jax.forward(params, c32, tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True), True)
+    c = tiny.config
+    m32 = impl_jax.from_params(c.replace(dtype="float32"), impl_jax.params_of(tiny))
+    logits, inter = m32(tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True), intermediates=True)
     assert inter["encoder.out"].dtype == jnp.float32 and logits.dtype == jnp.float32
+
+
+def test_the_library_changes_no_global_state():
+    code = ("import jax; flags = ('jax_enable_x64', 'jax_default_matmul_precision', 'jax_numpy_rank_promotion');"
+            "before = [getattr(jax.config, f) for f in flags];"
+            "import logging, impl_jax, spec; m = impl_jax.Transformer(spec.TINY, 0); m([[5, 2]], [[1]]);"
+            "impl_jax.greedy_search(m, [[5, 2]], 2);"
+            "assert [getattr(jax.config, f) for f in flags] == before, before;"
+            "assert not logging.getLogger('impl_jax').handlers; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "ok"

@@ -1,12 +1,17 @@
-"""Weights: pytree <-> canonical names, a bit-exact file round trip, the spec's errors."""
+"""Weights: canonical names <-> the model, a bit-exact file round trip, the spec's errors."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 import pytest
 
 import impl_jax
-from spec.config import TINY
+from impl_jax import model as M
+from spec.config import BASE, TINY
 from spec.init import init_params
+from spec.schema import param_specs
 from spec.weights_io import load_weights
 
 
@@ -14,28 +19,56 @@ from spec.weights_io import load_weights
 def test_round_trip_is_bit_exact(dtype, tmp_path):
     c = TINY.replace(dtype=dtype, param_dtype=dtype, norm_first=True)
     flat = init_params(c, 5, observable=True)
-    params = impl_jax.to_tree(flat)
-    impl_jax.save_weights(params, c, tmp_path / "a.safetensors")
-    c2, back = impl_jax.load_weights(tmp_path / "a.safetensors")
-    assert c2 == c
+    impl_jax.save_weights(impl_jax.from_params(c, flat), tmp_path / "a.safetensors")
+    back = impl_jax.load_weights(tmp_path / "a.safetensors")
+    assert isinstance(back, impl_jax.Transformer) and back.config == c
     for name, a in load_weights(tmp_path / "a.safetensors")[1].items():
         assert a.dtype == flat[name].dtype and a.tobytes() == flat[name].tobytes(), name
-    assert {k: v.tobytes() for k, v in impl_jax.to_flat(back).items()} == {k: v.tobytes() for k, v in flat.items()}
+    assert {k: v.tobytes() for k, v in impl_jax.params_of(back).items()} == {k: v.tobytes() for k, v in flat.items()}
+
+
+def test_params_of_is_canonical_in_schema_order_and_stored_dtype():
+    c = TINY.replace(dtype="float32")                       # bf16 parameters, float32 activations
+    params = impl_jax.params_of(impl_jax.Transformer(c, 0))
+    assert list(params) == [s.name for s in param_specs(c)]
+    assert all(type(a) is np.ndarray and a.dtype == ml_dtypes.bfloat16 for a in params.values())
+
+
+def test_load_with_a_config_that_differs_where_the_weights_do_not_depend_on_it(tmp_path):
+    impl_jax.save_weights(impl_jax.Transformer(TINY, 0), tmp_path / "a.safetensors")
+    with pytest.warns(UserWarning, match="max_len 64 -> 32"):
+        m = impl_jax.load_weights(tmp_path / "a.safetensors", TINY.replace(max_len=32))
+    assert m.config == TINY.replace(max_len=32)
+    with pytest.raises(ValueError, match="the weights depend on d_ff"):
+        impl_jax.load_weights(tmp_path / "a.safetensors", TINY.replace(d_ff=64))
+
+
+def test_from_params_checks_the_params_against_the_config():
+    """Tiny parameters with the base config: the spec's error, not a shape error deep in XLA."""
+    with pytest.raises(ValueError, match=r"missing parameter 'encoder\.layers\.2\.self_attn\.w_q'"):
+        impl_jax.from_params(BASE, init_params(TINY, 0))
+    two_layers = BASE.replace(n_encoder_layers=2, n_decoder_layers=2)
+    with pytest.raises(ValueError, match=r"parameter 'embedding': expected shape \(37000, 512\), got \(61, 32\)"):
+        impl_jax.from_params(two_layers, init_params(TINY, 0))
+    flat = init_params(TINY, 0)
+    flat["decoder.final_norm.scale"] = np.ones(TINY.d_model, flat["embedding"].dtype)
+    with pytest.raises(ValueError, match=r"unexpected parameter 'decoder\.final_norm\.scale'"):
+        impl_jax.from_params(TINY, flat)
 
 
 def test_tree_layout_and_params_at():
-    params = impl_jax.to_tree(init_params(TINY, 0))
+    params = M.to_tree(init_params(TINY, 0))
     assert isinstance(params["encoder"]["layers"], list) and len(params["decoder"]["layers"]) == TINY.n_decoder_layers
-    w = impl_jax.params_at(params, "decoder.layers.1.cross_attn")["w_o"]
-    assert w.shape == (TINY.n_heads, TINY.d_v, TINY.d_model)
-    assert impl_jax.params_at(params, "") is params
+    w = M.params_at(params, "decoder.layers.1.cross_attn")["w_o"]
+    assert w.shape == (TINY.n_heads, TINY.d_v, TINY.d_model) and w.dtype == jnp.bfloat16
+    assert M.params_at(params, "") is params
 
 
 def test_save_checks_against_the_schema(tmp_path):
-    params = impl_jax.to_tree(init_params(TINY, 0))
-    del params["decoder"]["layers"][1]["ffn"]["b_2"]
+    m = impl_jax.Transformer(TINY, 0)
+    del m.params["decoder"]["layers"][1]["ffn"]["b_2"]
     with pytest.raises(ValueError, match=r"missing parameter 'decoder\.layers\.1\.ffn\.b_2'"):
-        impl_jax.save_weights(params, TINY, tmp_path / "bad.safetensors")
+        impl_jax.save_weights(m, tmp_path / "bad.safetensors")
     assert not (tmp_path / "bad.safetensors").exists()
 
 

@@ -27,6 +27,7 @@ and "lower beam * V + token" rule and its stable "old finished before new" merge
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,9 @@ from impl_jax.model import (
 )
 from spec import validate
 from spec.config import Config
+
+if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
+    from jaxtyping import Int
 
 Params = dict
 F32 = jnp.float32
@@ -107,7 +111,7 @@ def _greedy(params: Params, src: jax.Array, limits: jax.Array, config: Config, c
     return out, steps
 
 
-def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> np.ndarray:
+def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> Int[np.ndarray, "B L"]:
     """Greedy decoding (``spec.search.greedy_search``, section 6.1): src (B, S) int -> tokens (B, L) NumPy int64.
 
     Each step takes the most probable token (the lower id on ties; never pad or
@@ -195,7 +199,7 @@ def length_penalty_table(capacity: int, alpha: float) -> np.ndarray:
 
 
 def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
-                max_new_tokens: int | None = None) -> np.ndarray:
+                max_new_tokens: int | None = None) -> Int[np.ndarray, "B L"]:
     """Beam search (``spec.search.beam_search``; section 6.1: beam 4, alpha 0.6): src (B, S) int -> tokens (B, L)
     NumPy int64.
 

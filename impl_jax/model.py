@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,9 @@ Ids = Any  # token ids (B, L): a nested list, a NumPy array, a jax.Array, or a t
 
 log = logging.getLogger("impl_jax")
 
+if TYPE_CHECKING:  # shape hints for readers and type checkers (jaxtyping); nothing of it is imported at run time
+    from jaxtyping import Bool, Float, Int
+
 
 class KVCache(NamedTuple):
     """Decoder state for incremental decoding, preallocated to a fixed capacity P (a pytree).
@@ -57,11 +60,11 @@ class KVCache(NamedTuple):
     memory_mask: (B, S) bool, True where the source token is not padding.
     length: () int32, the number of positions written.
     """
-    self_kv: tuple[tuple[jax.Array, jax.Array], ...]
-    key_mask: jax.Array
-    memory_kv: tuple[tuple[jax.Array, jax.Array], ...]
-    memory_mask: jax.Array
-    length: jax.Array
+    self_kv: tuple[tuple[Float[jax.Array, "B P H K"], Float[jax.Array, "B P H C"]], ...]
+    key_mask: Bool[jax.Array, "B P"]
+    memory_kv: tuple[tuple[Float[jax.Array, "B S H K"], Float[jax.Array, "B S H C"]], ...]
+    memory_mask: Bool[jax.Array, "B S"]
+    length: Int[jax.Array, ""]
 
     @property
     def capacity(self) -> int:
@@ -364,7 +367,8 @@ class Transformer:
     def tree_unflatten(cls, config: Config, children: tuple[Params]) -> Transformer:
         return cls._of(config, children[0])
 
-    def __call__(self, src: Ids, tgt_in: Ids, intermediates: bool = False):
+    def __call__(self, src: Ids, tgt_in: Ids, intermediates: bool = False
+                 ) -> Float[jax.Array, "B T V"] | tuple[Float[jax.Array, "B T V"], dict[str, jax.Array]]:
         """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
 
         With ``intermediates=True``: ``(logits, {name: jax.Array})``, the tensors of
@@ -375,7 +379,7 @@ class Transformer:
         """
         return forward(self.params, self.config, src, tgt_in, intermediates)
 
-    def encode(self, src: Ids) -> jax.Array:
+    def encode(self, src: Ids) -> Float[jax.Array, "B S D"]:
         """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in ``config.dtype``.
 
         Raises:
@@ -383,7 +387,7 @@ class Transformer:
         """
         return encode(self.params, self.config, src)
 
-    def init_cache(self, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
+    def init_cache(self, memory: Float[jax.Array, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty ``KVCache`` of ``capacity`` target positions for ``memory`` (B, S, D) of ``src`` (B, S).
 
         The cross-attention K/V of ``memory`` are computed here, once (section 3.2.3).
@@ -394,7 +398,7 @@ class Transformer:
         """
         return init_cache(self.params, self.config, memory, src, capacity)
 
-    def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[jax.Array, "B n V"], KVCache]:
         """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, new cache).
 
         The cache passed in is consumed: go on with the returned one.

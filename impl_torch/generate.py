@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import Tensor
@@ -23,6 +23,9 @@ from torch import Tensor
 from impl_torch.model import Ids, Transformer, device_ids, host_ids
 from spec import validate
 from spec.search import length_penalty
+
+if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
+    from jaxtyping import Int
 
 Search = TypeVar("Search", bound=Callable[..., Tensor])
 
@@ -54,7 +57,7 @@ def forbid_special(scores: Tensor, pad_id: int, bos_id: int) -> Tensor:
 
 
 @_search
-def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> Tensor:
+def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> Int[Tensor, "B L"]:
     """Greedy decoding (section 6.1, ``spec.search.greedy_search``): src (B, S) int ids -> tokens (B, L) int64
     on the model's device, in evaluation mode whatever the model's mode.
 
@@ -93,7 +96,7 @@ def _take(x: Tensor, idx: Tensor) -> Tensor:
 
 @_search
 def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
-                max_new_tokens: int | None = None) -> Tensor:
+                max_new_tokens: int | None = None) -> Int[Tensor, "B L"]:
     """Beam search (section 6.1, ``spec.search.beam_search``) with the length penalty ((5 + |Y|) / 6)^alpha
     (Wu et al., 2016; the paper: beam 4, alpha 0.6), batched over sources: src (B, S) int ids -> tokens (B, L)
     int64 on the model's device, in evaluation mode whatever the model's mode.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
@@ -29,7 +30,10 @@ from impl_torch.layers import (
 from spec import validate
 from spec.config import Config
 
-Ids = Tensor | np.ndarray | Sequence[Sequence[int]]
+Ids = Tensor | np.ndarray | Sequence[Sequence[int]]  # token ids (B, L), any integer dtype
+
+if TYPE_CHECKING:  # shape hints for readers and type checkers (jaxtyping); nothing of it is imported at run time
+    from jaxtyping import Bool, Float
 
 
 @dataclasses.dataclass
@@ -44,10 +48,10 @@ class KVCache:
     the cache it is given in place and returns it.
     """
 
-    self_kv: list[tuple[Tensor, Tensor]]
-    key_mask: Tensor
-    memory_kv: list[tuple[Tensor, Tensor]]
-    memory_mask: Tensor
+    self_kv: list[tuple[Float[Tensor, "B P H K"], Float[Tensor, "B P H C"]]]
+    key_mask: Bool[Tensor, "B P"]
+    memory_kv: list[tuple[Float[Tensor, "B S H K"], Float[Tensor, "B S H C"]]]
+    memory_mask: Bool[Tensor, "B S"]
     length: int = 0
 
     @property
@@ -240,7 +244,7 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------- public entry points
 
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False
-                ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
+                ) -> Float[Tensor, "B T V"] | tuple[Float[Tensor, "B T V"], dict[str, Tensor]]:
         """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int ids -> logits (B, T, V) float32.
 
         With ``intermediates=True`` returns ``(logits, {name: tensor})`` with the tensors of
@@ -257,7 +261,7 @@ class Transformer(nn.Module):
         logits = self._decode(tgt_in, cache, record)
         return (logits, {**record, "logits": logits}) if intermediates else logits
 
-    def encode(self, src: Ids) -> Tensor:
+    def encode(self, src: Ids) -> Float[Tensor, "B S D"]:
         """Encoder stack (section 3.1): src (B, S) int ids -> memory (B, S, D) in ``config.dtype``.
 
         Raises:
@@ -266,7 +270,7 @@ class Transformer(nn.Module):
         validate.check_source(host_ids(src), self.config)
         return self._encode(device_ids(src, self.device))
 
-    def init_cache(self, memory: Tensor, src: Ids, capacity: int) -> KVCache:
+    def init_cache(self, memory: Float[Tensor, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty KV cache for decoding up to ``capacity`` target positions against ``memory`` (B, S, D) of
         ``src`` (B, S): computes every decoder layer's cross-attention keys/values (B, S, H, K|C) once.
 
@@ -277,7 +281,7 @@ class Transformer(nn.Module):
         validate.check_capacity(capacity, self.config)
         return self._init_cache(memory, device_ids(src, self.device), int(capacity))
 
-    def decode(self, tokens: Ids, cache: KVCache) -> tuple[Tensor, KVCache]:
+    def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
         """Decoder stack (section 3.1) over n new tokens (B, n) at positions ``cache.length``.. ->
         (logits (B, n, V) float32, cache).
 

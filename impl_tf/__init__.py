@@ -1,26 +1,42 @@
-"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in TensorFlow 2, conforming to ``spec``.
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in TensorFlow 2, conforming to the aiayn spec.
 
-bf16 parameters and activations with fp32 accumulation, exactly where ``spec.numerics`` rounds; XLA-compiled
-forward, KV-cached decoding, greedy and beam search; the canonical safetensors weights format.
-
-Example::
+The common public API of ``spec.api``; the same lines work in every backend::
 
     import spec
-    import impl_tf
+    import impl_tf as T
 
     config = spec.preset("tiny")
-    model = impl_tf.Transformer(config, spec.init_params(config, seed=0))   # or impl_tf.load_weights(path)
-    src = [[5, 9, 17, 2]]                                                   # (B, S) token ids
-    logits = model.forward(src, [[1, 7, 7]])                                # (B, T, V) float32
-    tokens = impl_tf.beam_search(model, src, beam_size=4, alpha=0.6)        # (B, L) int64, EOS included
-    impl_tf.save_weights(model, "model.safetensors")
+    model = T.Transformer(config, seed=0)       # the weights of spec.init_params(config, 0), in every backend
+    src, tgt_in = [[5, 9, 17, 2]], [[1, 7, 7]]  # (B, S), (B, T) token ids; 0 pad, 1 BOS, 2 EOS
+    logits = model(src, tgt_in)                 # (B, T, V) float32, teacher forcing
+    tokens = T.beam_search(model, src)          # (B, L) int64: beam 4, alpha 0.6, EOS included
+    cache = model.init_cache(model.encode(src), src, capacity=8)
+    step_logits, cache = model.decode([[1]], cache)   # (B, 1, V) float32; go on with the returned cache
+    T.save_weights(model, "model.safetensors")
+
+The TensorFlow idioms: ``Transformer`` is a ``tf.Module`` whose variables carry the canonical parameter names;
+results are ``tf.Tensor`` (searches: int64); ``decode`` returns a new ``KVCache`` (a NamedTuple of tensors).
+Numerics follow ``spec.numerics``: bf16 parameters and activations with fp32 accumulation exactly where the
+spec rounds, float32 logits. The forward, encoder, decoding step and search loops run as
+``tf.function(jit_compile=True)``: traced once, compiled by XLA once per concrete shape. So that varying shapes
+compile a bounded number of programs, ``model(...)``, ``encode`` and the searches pad the batch and lengths to
+buckets (powers of two) and slice the results back; each compilation logs one line at INFO on the ``"impl_tf"``
+logger. impl_tf has no dropout: it always computes in evaluation mode. The library sets no process-wide
+TensorFlow flag.
 
 Every entry point checks its inputs with ``spec.validate`` on a host copy before any computation and raises
-the spec's ``ValueError``.
+the spec's ``ValueError``. Search never generates pad or BOS.
 """
 
-from impl_tf.generate import beam_search, greedy_search
-from impl_tf.layers import (
+try:  # the package leaves the TensorFlow build to the user (pyproject.toml): say which to install
+    import tensorflow  # noqa: F401
+except ModuleNotFoundError as e:
+    raise ModuleNotFoundError("impl_tf needs TensorFlow >= 2.17 and leaves the build to you: pip install "
+                              "'aiayn-tf[cpu]', 'aiayn-tf[gpu]' (NVIDIA, tensorflow[and-cuda]) or "
+                              "'aiayn-tf[tensorflow]'") from e
+
+from impl_tf.generate import beam_search, greedy_search  # noqa: E402
+from impl_tf.layers import (  # noqa: E402
     DecoderLayer,
     Embedding,
     EncoderLayer,
@@ -32,11 +48,14 @@ from impl_tf.layers import (
     residual_add,
     scaled_dot_product_attention,
 )
-from impl_tf.model import Decoder, Encoder, KVCache, Transformer
-from impl_tf.weights import load_weights, save_weights
+from impl_tf.model import Decoder, Encoder, KVCache, Transformer  # noqa: E402
+from impl_tf.weights import from_params, load_weights, params_of, save_weights  # noqa: E402
+
+__version__ = "0.2.0"
 
 __all__ = [
     "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "SublayerConnection", "Transformer", "beam_search", "greedy_search", "load_weights",
-    "positional_encoding", "residual_add", "save_weights", "scaled_dot_product_attention",
+    "MultiHeadAttention", "SublayerConnection", "Transformer", "__version__", "beam_search", "from_params",
+    "greedy_search", "load_weights", "params_of", "positional_encoding", "residual_add", "save_weights",
+    "scaled_dot_product_attention",
 ]

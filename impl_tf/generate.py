@@ -8,17 +8,25 @@ BOS are never generated (``forbid_special``). Output
 tokens exclude BOS, include EOS, and rows are right-padded with ``pad_id`` to the longest row.
 
 Cross-attention K/V are computed once per source; each step runs the decoder on one token per row.
+
+As in ``impl_tf.model``, the batch and source length are padded to buckets, and the cache capacity is the
+bucket of the longest generation limit, so varying shapes compile a bounded number of loops. Added batch rows
+are all ``pad_id`` with a limit of one token, and are dropped from the result.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.model import IDS, Transformer, as_ids
+from impl_tf.model import IDS, Transformer, bucket, length_bucket, pad_ids
 from spec import validate
+
+if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
+    from jaxtyping import Int
 
 NEG_INF = float("-inf")
 
@@ -28,6 +36,18 @@ def _compiled(model: Transformer, key: str, loop, signature) -> tf.types.experim
     if key not in model._loops:
         model._loops[key] = tf.function(functools.partial(loop, model), input_signature=signature, jit_compile=True)
     return model._loops[key]
+
+
+def _padded(model: Transformer, function: str, src: np.ndarray, limits: np.ndarray) -> tuple[tf.Tensor, ...]:
+    """src (B, S) and limits (B,) padded to buckets: src (B', S') int32, limits (B',) int32 (1 for an added row),
+    and a (B', P) ``pad_id``-filled output whose P, the bucket of the longest limit, fixes the cache capacity.
+    Logs ``function``'s compilation if the shape is new."""
+    c = model.config
+    size = (bucket(src.shape[0]), length_bucket(src.shape[1], c), length_bucket(int(limits.max()), c))
+    model._compiling(function, size, f"batch {size[0]}, source length {size[1]}, capacity {size[2]} (buckets)")
+    padded_limits = np.ones(size[0], np.int32)  # an added row stops after one token
+    padded_limits[:len(limits)] = limits
+    return pad_ids(src, size[:2], c.pad_id), tf.constant(padded_limits), tf.fill([size[0], size[2]], c.pad_id)
 
 
 def _length_penalty(length: tf.Tensor, alpha: tf.Tensor) -> tf.Tensor:
@@ -68,19 +88,19 @@ def _greedy_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.
     return out, t
 
 
-def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) -> tf.Tensor:
-    """Greedy decoding: src (B, S) int -> tokens (B, L) int64, L the longest row (EOS included).
+def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) -> Int[tf.Tensor, "B L"]:
+    """Greedy decoding (section 6.1, ``spec.search``): src (B, S) int -> tokens (B, L) int64, L the longest row
+    (EOS included), in evaluation mode (impl_tf has no dropout).
 
     Raises:
         ValueError: from ``spec.validate.check_source`` and ``generation_limits``, before any computation.
     """
-    c = model.config
-    validate.check_source(np.asarray(src), c)
-    limits = validate.generation_limits(np.asarray(src), c, max_new_tokens)
+    src, c = np.asarray(src), model.config
+    validate.check_source(src, c)
+    limits = validate.generation_limits(src, c, max_new_tokens)
     loop = _compiled(model, "greedy", _greedy_loop, [IDS, tf.TensorSpec([None], tf.int32), IDS])
-    out = tf.fill([len(limits), int(limits.max())], c.pad_id)
-    out, steps = loop(as_ids(src), tf.constant(limits, tf.int32), out)
-    return tf.cast(out[:, :int(steps)], tf.int64)
+    out, steps = loop(*_padded(model, "greedy_search", src, limits))
+    return tf.cast(out[:len(src), :int(steps)], tf.int64)
 
 
 # ----------------------------------------------------------------- beam
@@ -132,26 +152,26 @@ def _beam_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.
 
 
 def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
-                max_new_tokens: int | None = None) -> tf.Tensor:
+                max_new_tokens: int | None = None) -> Int[tf.Tensor, "B L"]:
     """Beam search (``spec.search``; paper: beam 4, alpha 0.6): src (B, S) int -> tokens (B, L) int64.
 
     Each row is the best finished hypothesis by ``log P / ((5 + |Y|) / 6) ** alpha``, or, if none finished,
-    the best alive one; L is the longest row.
+    the best alive one; L is the longest row. Computed in evaluation mode (impl_tf has no dropout).
 
     Raises:
         ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``, before any
             computation.
     """
-    c = model.config
-    validate.check_source(np.asarray(src), c)
-    limits = validate.generation_limits(np.asarray(src), c, max_new_tokens)
+    src, c = np.asarray(src), model.config
+    validate.check_source(src, c)
+    limits = validate.generation_limits(src, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
     beam_size, alpha = int(beam_size), float(alpha)
     signature = [IDS, tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float64), IDS]
     loop = _compiled(model, f"beam_{beam_size}", functools.partial(_beam_loop, k=beam_size), signature)
-    seq = tf.fill([len(limits), int(limits.max())], c.pad_id)
+    padded_src, padded_limits, seq = _padded(model, f"beam_search (beam {beam_size})", src, limits)
     fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(
-        as_ids(src), tf.constant(limits, tf.int32), tf.constant(alpha, tf.float64), seq))
+        padded_src, padded_limits, tf.constant(alpha, tf.float64), seq))
     rows = []
     for b in range(len(limits)):
         if np.isfinite(fin_score[b, 0]):

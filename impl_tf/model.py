@@ -4,39 +4,52 @@ The decoder has one code path, as in ``spec.reference``: ``decode`` consumes n n
 ``KVCache`` of everything before them. A teacher-forced forward is one call with all T tokens and an empty
 cache; incremental decoding is T calls of one token. Hot paths run as ``tf.function(jit_compile=True)`` with
 shape-polymorphic input signatures: traced once, compiled by XLA once per concrete shape.
+
+So that varying shapes compile a bounded number of programs, the forward, ``encode`` and the searches pad their
+inputs to buckets (``bucket``) and slice the padding off their results: the batch to the next power of two,
+lengths to the next power of two, at least 8, at most ``config.max_len``. The padding changes no real result:
+padded source positions are ``pad_id``, so the key padding mask gives them exactly zero weight
+(``exp(MASKED_SCORE - max)`` underflows to 0); padded target positions come after the real ones, which the causal
+mask keeps them from affecting; added batch rows are all ``pad_id`` (every key masked: a finite, uniform
+attention) and are dropped. ``init_cache`` and ``decode`` are not padded: their capacity is the caller's choice.
+Each shape compiled for the first time logs one line at INFO on the ``"impl_tf"`` logger.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import logging
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from impl_tf.layers import DecoderLayer, Embedding, EncoderLayer, LayerNorm, Record, _record, write_kv
-from spec import validate
+from spec import shapes, validate
 from spec.config import Config
+from spec.init import init_params
 from spec.schema import param_specs
-from spec.weights_io import check_params
 
 IDS = tf.TensorSpec([None, None], tf.int32)
+logger = logging.getLogger("impl_tf")
+
+if TYPE_CHECKING:  # shape hints for readers and type checkers (jaxtyping); nothing of it is imported at run time
+    from jaxtyping import Bool, Float, Int
 
 
 class KVCache(NamedTuple):
-    """Decoder state, fixed-shape so it can live in a compiled ``tf.while_loop``; a nest of tensors.
+    """Decoder state for incremental decoding (``spec.api.KV_CACHE_FIELDS``); fixed-shape, so it can live in a
+    compiled ``tf.while_loop``; a nest of tensors.
 
-    Self-attention keys/values are preallocated to a capacity T_max and written in place; cross-attention
-    keys/values are computed once per source (``Transformer.init_cache``).
+    Self-attention keys/values are preallocated to a capacity P and written in place by ``decode``;
+    cross-attention keys/values are computed once per source (``Transformer.init_cache``).
     """
 
-    self_k: tuple[tf.Tensor, ...]     # per decoder layer (B, T_max, H, K)
-    self_v: tuple[tf.Tensor, ...]     # per decoder layer (B, T_max, H, C)
-    key_mask: tf.Tensor               # (B, T_max) bool: True = a written, non-pad target position
-    length: tf.Tensor                 # () int32: positions written so far
-    memory_k: tuple[tf.Tensor, ...]   # per decoder layer (B, S, H, K)
-    memory_v: tuple[tf.Tensor, ...]   # per decoder layer (B, S, H, C)
-    memory_mask: tf.Tensor            # (B, S) bool: True = non-pad source position
+    self_kv: tuple[tuple[Float[tf.Tensor, "B P H K"], Float[tf.Tensor, "B P H C"]], ...]  # per decoder layer
+    key_mask: Bool[tf.Tensor, "B P"]  # True = a written, non-pad target position
+    memory_kv: tuple[tuple[Float[tf.Tensor, "B S H K"], Float[tf.Tensor, "B S H C"]], ...]  # per decoder layer
+    memory_mask: Bool[tf.Tensor, "B S"]  # True = non-pad source position
+    length: Int[tf.Tensor, ""]  # int32: positions written so far
 
     def select(self, rows: tf.Tensor, memory: bool = True) -> KVCache:
         """The cache of batch rows ``rows`` (B',) int32.
@@ -44,18 +57,34 @@ class KVCache(NamedTuple):
         ``memory=False`` keeps the cross-attention part as it is: right when ``rows`` only permutes rows of
         the same source (beams of one sentence), whose memory rows are identical.
         """
-        take = lambda xs: tuple(tf.gather(x, rows) for x in xs)  # noqa: E731
-        cache = self._replace(self_k=take(self.self_k), self_v=take(self.self_v),
-                              key_mask=tf.gather(self.key_mask, rows))
+        take = lambda kv: tuple(tuple(tf.gather(x, rows) for x in pair) for pair in kv)  # noqa: E731
+        cache = self._replace(self_kv=take(self.self_kv), key_mask=tf.gather(self.key_mask, rows))
         if not memory:
             return cache
-        return cache._replace(memory_k=take(self.memory_k), memory_v=take(self.memory_v),
-                              memory_mask=tf.gather(self.memory_mask, rows))
+        return cache._replace(memory_kv=take(self.memory_kv), memory_mask=tf.gather(self.memory_mask, rows))
 
 
 def as_ids(ids) -> tf.Tensor:
     """Token ids already checked by ``spec.validate`` (so within [0, vocab_size)) as an int32 tensor."""
     return tf.constant(np.asarray(ids).astype(np.int32))
+
+
+def bucket(n: int, cap: int | None = None, floor: int = 1) -> int:
+    """The next power of two >= n, at least ``floor``, at most ``cap``: the size a dimension of n is padded to."""
+    size = max(floor, 1 << (n - 1).bit_length())
+    return size if cap is None else min(size, cap)
+
+
+def length_bucket(n: int, c: Config) -> int:
+    """The bucket of a source or target length n <= ``c.max_len``: a power of two, at least 8, at most max_len."""
+    return bucket(n, c.max_len, 8)
+
+
+def pad_ids(ids: np.ndarray, shape: tuple[int, int], pad_id: int) -> tf.Tensor:
+    """Checked token ids (B, L) in the top left corner of a ``shape`` array of ``pad_id``, as an int32 tensor."""
+    out = np.full(shape, pad_id, np.int32)
+    out[:ids.shape[0], :ids.shape[1]] = ids
+    return tf.constant(out)
 
 
 class Encoder(tf.Module):
@@ -92,10 +121,11 @@ class Decoder(tf.Module):
     def init_cache(self, memory: tf.Tensor, src: tf.Tensor, capacity: int | tf.Tensor) -> KVCache:
         """An empty cache of ``capacity`` target positions for memory (B, S, D) of source src (B, S)."""
         c, B = self.c, tf.shape(memory)[0]
-        kv = [layer.cross_attn.key_value(memory) for layer in self.layers]
-        zeros = lambda d: tuple(tf.zeros([B, capacity, c.n_heads, d], memory.dtype) for _ in self.layers)  # noqa: E731
-        return KVCache(zeros(c.d_k), zeros(c.d_v), tf.zeros([B, capacity], tf.bool), tf.constant(0, tf.int32),
-                       tuple(k for k, _ in kv), tuple(v for _, v in kv), src != c.pad_id)
+        zeros = lambda d: tf.zeros([B, capacity, c.n_heads, d], memory.dtype)  # noqa: E731
+        return KVCache(self_kv=tuple((zeros(c.d_k), zeros(c.d_v)) for _ in self.layers),
+                       key_mask=tf.zeros([B, capacity], tf.bool),
+                       memory_kv=tuple(layer.cross_attn.key_value(memory) for layer in self.layers),
+                       memory_mask=src != c.pad_id, length=tf.constant(0, tf.int32))
 
     def __call__(self, tokens: tf.Tensor, cache: KVCache, rec: Record = None) -> tuple[tf.Tensor, KVCache]:
         """tokens (B, n) int32 at positions ``cache.length...`` -> float32 logits (B, n, V) and the updated cache.
@@ -108,39 +138,51 @@ class Decoder(tf.Module):
         self_mask = causal[None, None] & key_mask[:, None, None, :]                           # (B, 1, n, T_max)
         memory_mask = cache.memory_mask[:, None, None, :]                                     # (B, 1, 1, S)
         y = _record(rec, "tgt_embed", self.embedding(tokens, start))                          # (B, n, D)
-        self_k, self_v = [], []
+        self_kv = []
         for i, layer in enumerate(self.layers):
-            y, (k, v) = layer(y, (cache.self_k[i], cache.self_v[i]), start, self_mask,
-                              (cache.memory_k[i], cache.memory_v[i]), memory_mask, rec)
+            y, kv = layer(y, cache.self_kv[i], start, self_mask, cache.memory_kv[i], memory_mask, rec)
             _record(rec, f"decoder.layers.{i}.out", y)
-            self_k.append(k)
-            self_v.append(v)
+            self_kv.append(kv)
         if self.final_norm is not None:
             y = self.final_norm(y)
         logits = _record(rec, "logits", self.embedding.logits(_record(rec, "decoder.out", y)))  # (B, n, V) fp32
-        return logits, cache._replace(self_k=tuple(self_k), self_v=tuple(self_v), key_mask=key_mask, length=start + n)
+        return logits, cache._replace(self_kv=tuple(self_kv), key_mask=key_mask, length=start + n)
 
 
 class Transformer(tf.Module):
-    """The Transformer of "Attention Is All You Need", built from canonical parameters.
+    """The Transformer of "Attention Is All You Need" (section 3), holding ``spec.init_params(config, seed)``.
+
+    ``impl_tf.from_params(config, params)`` builds one from given canonical parameters, ``impl_tf.load_weights``
+    from a file. The model has no dropout (impl_tf does not train), so it always computes in evaluation mode.
 
     Args:
-        config: a ``spec.config.Config``.
-        params: canonical name -> NumPy array (``spec.schema``), e.g. from ``spec.init_params(config, seed)`` or
-            ``spec.load_weights``; bf16 as ``ml_dtypes.bfloat16``.
+        config: a ``spec.config.Config``; ``model.config`` is the config the model computes by.
+        seed: a non-negative int. The weights come from ``spec.init_params`` (NumPy, no TensorFlow RNG), so the
+            same seed gives bit-identical weights in every backend.
 
     Raises:
-        ValueError: from ``spec.weights_io.check_params``, naming the offending tensor.
+        ValueError: from ``spec.init_params`` if ``seed`` is not a non-negative int.
     """
 
-    def __init__(self, config: Config, params: dict[str, np.ndarray]):
+    def __init__(self, config: Config, seed: int = 0):
         super().__init__(name="transformer")
-        check_params(config, params)
+        self._build(config, init_params(config, seed))
+
+    @classmethod
+    def _of(cls, config: Config, params: dict[str, np.ndarray]) -> Transformer:
+        """A model holding canonical ``params`` that ``spec.weights_io.check_params`` accepted for ``config``."""
+        model = cls.__new__(cls)
+        tf.Module.__init__(model, name="transformer")
+        model._build(config, params)
+        return model
+
+    def _build(self, config: Config, params: dict[str, np.ndarray]) -> None:
         self.config = config
         self.embedding = Embedding(config, params)
         self.encoder = Encoder(config, params, self.embedding)
         self.decoder = Decoder(config, params, self.embedding)
         self._loops = {}  # compiled generation loops, by kind (impl_tf.generate)
+        self._shapes = set()  # (function, shape) pairs dispatched so far: XLA compiled each once
         compile_ = functools.partial(tf.function, jit_compile=True)
         self._encode = compile_(lambda src: self.encoder(src), input_signature=[IDS])
         self._forward = compile_(functools.partial(self._teacher_forced, record=False), input_signature=[IDS, IDS])
@@ -150,10 +192,17 @@ class Transformer(tf.Module):
 
     def _cache_spec(self) -> KVCache:
         """Shape-polymorphic signature of a KVCache: one trace serves every batch size and capacity."""
-        c, L, act = self.config, self.config.n_decoder_layers, self.embedding.dtype
-        spec = lambda d: (tf.TensorSpec([None, None, c.n_heads, d], act),) * L  # noqa: E731
-        return KVCache(spec(c.d_k), spec(c.d_v), tf.TensorSpec([None, None], tf.bool), tf.TensorSpec([], tf.int32),
-                       spec(c.d_k), spec(c.d_v), tf.TensorSpec([None, None], tf.bool))
+        c, act = self.config, self.embedding.dtype
+        kv = ((tf.TensorSpec([None, None, c.n_heads, c.d_k], act), tf.TensorSpec([None, None, c.n_heads, c.d_v], act)),
+              ) * c.n_decoder_layers
+        return KVCache(self_kv=kv, key_mask=tf.TensorSpec([None, None], tf.bool), memory_kv=kv,
+                       memory_mask=tf.TensorSpec([None, None], tf.bool), length=tf.TensorSpec([], tf.int32))
+
+    def _compiling(self, function: str, shape: tuple[int, ...], detail: str) -> None:
+        """Log, once per model, each new concrete shape given to a compiled function: XLA compiles it then."""
+        if (function, shape) not in self._shapes:
+            self._shapes.add((function, shape))
+            logger.info("impl_tf: compiling %s for %s", function, detail)
 
     def parameters(self) -> dict[str, tf.Variable]:
         """Canonical parameter name -> tf.Variable (the shared embedding once), in ``spec.schema`` order."""
@@ -166,51 +215,75 @@ class Transformer(tf.Module):
         logits, _ = self.decoder(tgt_in, self.decoder.init_cache(memory, src, tf.shape(tgt_in)[1]), rec)
         return (logits, rec) if record else logits
 
-    def forward(self, src, tgt_in, intermediates: bool = False):
-        """Teacher-forced forward: src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
+    def __call__(self, src, tgt_in, intermediates: bool = False
+                 ) -> Float[tf.Tensor, "B T V"] | tuple[Float[tf.Tensor, "B T V"], dict[str, tf.Tensor]]:
+        """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
 
-        With ``intermediates=True`` returns ``(logits, {name: tensor})`` with the tensors of
-        ``spec.shapes.intermediates`` (activations in the config's dtype).
+        Token ids may be nested lists, NumPy arrays or tensors. With ``intermediates=True`` returns
+        ``(logits, {name: tensor})`` with the tensors of ``spec.shapes.intermediates`` (activations in the
+        config's dtype). Runs padded to buckets (module docstring); the results are sliced to B, S and T.
 
         Raises:
             ValueError: from ``spec.validate.check_forward``, before any computation.
         """
-        validate.check_forward(np.asarray(src), np.asarray(tgt_in), self.config)
-        src, tgt_in = as_ids(src), as_ids(tgt_in)
-        return self._forward_rec(src, tgt_in) if intermediates else self._forward(src, tgt_in)
+        src, tgt_in = np.asarray(src), np.asarray(tgt_in)
+        c = self.config
+        validate.check_forward(src, tgt_in, c)
+        (B, S), T = src.shape, tgt_in.shape[1]
+        size = (bucket(B), length_bucket(S, c), length_bucket(T, c))
+        function = "forward with intermediates" if intermediates else "forward"
+        self._compiling(function, size, f"batch {size[0]}, source length {size[1]}, target length {size[2]} (buckets)")
+        src, tgt_in = pad_ids(src, size[:2], c.pad_id), pad_ids(tgt_in, (size[0], size[2]), c.pad_id)
+        if not intermediates:
+            return self._forward(src, tgt_in)[:B, :T]
+        logits, rec = self._forward_rec(src, tgt_in)
+        want = shapes.intermediates(c, B, S, T)  # name -> ((B, S or T, ...), dtype)
+        return logits[:B, :T], {name: x[:B, :want[name][0][1]] for name, x in rec.items()}
 
-    def encode(self, src) -> tf.Tensor:
-        """src (B, S) int -> memory (B, S, D) in the config's dtype.
+    def encode(self, src) -> Float[tf.Tensor, "B S D"]:
+        """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in the config's dtype.
+
+        Runs padded to buckets (module docstring); the result is sliced to B and S.
 
         Raises:
             ValueError: from ``spec.validate.check_source``, before any computation.
         """
-        validate.check_source(np.asarray(src), self.config)
-        return self._encode(as_ids(src))
+        src, c = np.asarray(src), self.config
+        validate.check_source(src, c)
+        (B, S), size = src.shape, (bucket(src.shape[0]), length_bucket(src.shape[1], c))
+        self._compiling("encode", size, f"batch {size[0]}, source length {size[1]} (buckets)")
+        return self._encode(pad_ids(src, size, c.pad_id))[:B, :S]
 
-    def init_cache(self, memory: tf.Tensor, src, capacity: int) -> KVCache:
-        """An empty KV cache for ``capacity`` target positions; cross-attention K/V of memory (B, S, D) computed once.
+    def init_cache(self, memory: Float[tf.Tensor, "B S D"], src, capacity: int) -> KVCache:
+        """An empty ``KVCache`` for ``capacity`` target positions (P); the cross-attention K/V of memory (B, S, D)
+        are computed once here (section 3.2.3).
 
         Raises:
             ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]),
-                or if the batch sizes of memory and src differ.
+                or if memory is not (B, S, D) for src (B, S).
         """
-        validate.check_source(np.asarray(src), self.config)
+        src = np.asarray(src)
+        validate.check_source(src, self.config)
         validate.check_capacity(capacity, self.config)
-        if tuple(memory.shape[:2]) != np.shape(src):
-            raise ValueError(f"memory shape {tuple(memory.shape)} does not match src shape {np.shape(src)}")
-        return self.decoder.init_cache(memory, as_ids(src), int(capacity))
+        if tuple(memory.shape) != (*src.shape, self.config.d_model):
+            raise ValueError(f"memory shape {tuple(memory.shape)} does not match src shape {src.shape} "
+                             f"and d_model {self.config.d_model}")
+        return self.decoder.init_cache(tf.convert_to_tensor(memory), as_ids(src), int(capacity))
 
-    def decode(self, tokens, cache: KVCache) -> tuple[tf.Tensor, KVCache]:
-        """n new target tokens (B, n) int at positions ``cache.length...`` -> logits (B, n, V) float32, new cache.
+    def decode(self, tokens, cache: KVCache) -> tuple[Float[tf.Tensor, "B n V"], KVCache]:
+        """n new target tokens (B, n) int at positions ``cache.length``.. -> (logits (B, n, V) float32, cache).
 
-        A step costs the work of n tokens: projections and FFN run on the new tokens only; attention reads
-        the cache.
+        The cache passed in is consumed: go on with the returned one. A step costs the work of n tokens:
+        projections and FFN run on the new tokens only; attention reads the cache (section 3.2.3).
 
         Raises:
             ValueError: from ``spec.validate.check_decode``: bad ids, a batch that differs from the cache's, or
                 no room in the cache for n more positions.
         """
+        tokens = np.asarray(tokens)
         B, capacity = cache.key_mask.shape
-        validate.check_decode(np.asarray(tokens), self.config, B, int(cache.length), capacity)
+        validate.check_decode(tokens, self.config, B, int(cache.length), capacity)
+        S = cache.memory_mask.shape[1]
+        self._compiling("decode", (B, tokens.shape[1], capacity, S),
+                        f"batch {B}, steps of {tokens.shape[1]} tokens, capacity {capacity}, source length {S}")
         return self._decode(as_ids(tokens), cache)

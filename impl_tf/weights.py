@@ -1,28 +1,56 @@
-"""Weights I/O in the canonical safetensors format (``spec.weights_io``): bf16 stored natively, bit-exact."""
+"""Canonical weights (``spec.schema`` names, NumPy arrays, safetensors files) <-> ``Transformer``.
+
+Everything goes through ``spec.weights_io``, so files and errors are the spec's. Arrays keep their stored dtype
+(``config.param_dtype``; bf16 as ``ml_dtypes.bfloat16`` in NumPy, ``tf.bfloat16`` in a variable), so a load and
+a save round-trip bit for bit.
+"""
 
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 from impl_tf.model import Transformer
 from spec import weights_io
 from spec.config import Config
 
 
-def load_weights(path: str | os.PathLike, config: Config | None = None) -> Transformer:
-    """A Transformer from a canonical weights file, checked against ``config`` (default: the file's own).
+def from_params(config: Config, params: dict[str, np.ndarray]) -> Transformer:
+    """A model holding the canonical ``params`` ``{name: array}`` (``spec.schema`` names, ``config.param_dtype``).
 
     Raises:
-        ValueError: naming the file if it is truncated or corrupt, or naming the tensor that is missing,
-            unexpected, of the wrong shape or dtype, or non-finite (``spec.weights_io``).
+        ValueError: from ``spec.weights_io.check_params``, naming the tensor that is missing, unexpected, of the
+            wrong shape or dtype for ``config``, or non-finite.
     """
-    return Transformer(*weights_io.load_weights(path, config))
+    weights_io.check_params(config, params)
+    return Transformer._of(config, params)
+
+
+def params_of(model: Transformer) -> dict[str, np.ndarray]:
+    """The model's parameters as canonical ``{name: NumPy array}`` in their stored dtype (``config.param_dtype``;
+    bf16 as ``ml_dtypes.bfloat16``), in the order of ``spec.schema.param_specs``."""
+    return {name: v.numpy() for name, v in model.parameters().items()}
+
+
+def load_weights(path: str | os.PathLike, config: Config | None = None) -> Transformer:
+    """A model from a canonical weights file (``spec.weights_io``); ``config`` defaults to the stored one.
+
+    A given config may differ from the stored one only where the weights do not depend on it
+    (``spec.weights_io.config_for``; a ``UserWarning`` names the difference).
+
+    Raises:
+        ValueError: naming the file if it is truncated or corrupt, the config field the weights depend on if
+            ``config`` differs there, or the tensor that is missing, unexpected, of the wrong shape or dtype, or
+            non-finite.
+    """
+    return Transformer._of(*weights_io.load_weights(path, config))
 
 
 def save_weights(model: Transformer, path: str | os.PathLike) -> None:
-    """Write ``model``'s parameters and config to ``path``; ``load_weights`` reads back the same bits.
+    """Write the model's parameters and config to ``path`` as a canonical safetensors file, bit for bit.
 
     Raises:
-        ValueError: as ``spec.weights_io.check_params``.
+        ValueError: as ``spec.weights_io.check_params`` (nothing is written then).
     """
-    weights_io.save_weights(path, model.config, {name: v.numpy() for name, v in model.parameters().items()})
+    weights_io.save_weights(path, model.config, params_of(model))

@@ -1,4 +1,11 @@
-"""The TensorFlow backend (``impl_tf``) behind the adapter protocol: NumPy in, NumPy out, public API only."""
+"""The TensorFlow backend (``impl_tf``) behind the adapter protocol (``conformance.adapters.base``).
+
+A thin translation over ``impl_tf``'s public API (``spec.api``): ``load_weights``, ``model(...)``,
+``model.encode``, ``model.init_cache``, ``model.decode``, ``greedy_search``, ``beam_search``, ``save_weights``;
+and the model's layers (``tf.Module``s named by canonical prefix) to run one layer alone. NumPy in, NumPy out.
+TF32 off (fp32 products stay fp32 on GPUs, ``spec.numerics`` rule 8) and op determinism on are the test
+harness's process-wide choices, not the library's.
+"""
 
 from __future__ import annotations
 
@@ -36,8 +43,8 @@ class TFModel:
 
     def forward(self, src, tgt_in, intermediates=False):
         if not intermediates:
-            return self.model.forward(src, tgt_in).numpy(), {}
-        logits, rec = self.model.forward(src, tgt_in, intermediates=True)
+            return self.model(src, tgt_in).numpy(), {}
+        logits, rec = self.model(src, tgt_in, intermediates=True)
         return logits.numpy(), {name: x.numpy() for name, x in rec.items()}
 
     def encode(self, src):
@@ -96,6 +103,7 @@ class TFModel:
 
 class TFBackend:
     name = "tf"
+    module = impl_tf
 
     def load(self, path: Path) -> TFModel:
         return TFModel(impl_tf.load_weights(path))

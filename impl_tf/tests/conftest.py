@@ -24,14 +24,14 @@ def params():
 
 @pytest.fixture(scope="session")
 def model(params):
-    return impl_tf.Transformer(CONFIG, params)
+    return impl_tf.from_params(CONFIG, params)
 
 
 @pytest.fixture(scope="session")
 def model_f32():
     """The float32 model, whose logits agree with the reference to ~1e-5: exact token comparisons are sound."""
     c = CONFIG.replace(dtype="float32", param_dtype="float32")
-    return impl_tf.Transformer(c, init_params(c, 0, observable=True))
+    return impl_tf.from_params(c, init_params(c, 0, observable=True))
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,8 @@
-"""Greedy and beam search: the spec's algorithm step for step, tie rules, output form, one trace."""
+"""Greedy and beam search: the spec's algorithm step for step, tie rules, output form, one trace, buckets."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pytest
@@ -37,7 +39,7 @@ def test_greedy_matches_spec_search(model_f32, tokens):
     m, trace = model_f32, {}
     src = _src(tokens, m.config.pad_id)
     got = impl_tf.greedy_search(m, src, max_new_tokens=12).numpy()
-    params = ref.as_float64({k: v.numpy() for k, v in m.parameters().items()}, m.config)
+    params = ref.as_float64(impl_tf.params_of(m), m.config)
     want = search.greedy_search(params, src, m.config, Numerics("float32"), 12, trace=trace)
     assert got.dtype == np.int64 and trace["margin"] > MARGIN
     np.testing.assert_array_equal(got, want)
@@ -48,7 +50,7 @@ def test_beam_matches_spec_search(model_f32, tokens, beam_size, alpha):
     m, trace = model_f32, {}
     src = _src(tokens, m.config.pad_id)
     got = impl_tf.beam_search(m, src, beam_size, alpha, max_new_tokens=12).numpy()
-    params = ref.as_float64({k: v.numpy() for k, v in m.parameters().items()}, m.config)
+    params = ref.as_float64(impl_tf.params_of(m), m.config)
     want = search.beam_search(params, src, m.config, Numerics("float32"), beam_size, alpha, 12, trace=trace)
     assert trace["margin"] > MARGIN
     np.testing.assert_array_equal(got, want)
@@ -67,7 +69,7 @@ def _constant_logits_model(config, eos_row: float):
     norm = f"decoder.layers.{config.n_decoder_layers - 1}.ffn_norm"
     p.update({"embedding": emb.astype(bf16), f"{norm}.scale": np.zeros(config.d_model, bf16),
               f"{norm}.bias": np.ones(config.d_model, bf16)})
-    return impl_tf.Transformer(config, p)
+    return impl_tf.from_params(config, p)
 
 
 def test_rows_stop_at_eos(config):
@@ -86,10 +88,30 @@ def test_rows_stop_at_their_own_default_limit(config, kind):
     assert (out != config.eos_id).all()
 
 
-def test_generation_loops_trace_once(model_f32, tokens):
-    """(3, 7) sources with 12 new tokens are the shapes of the tests above: one new shape compiles per loop."""
-    for B, S, n in [(3, 7, 12), (1, 4, 3)]:
-        impl_tf.greedy_search(model_f32, tokens(B, B, S), max_new_tokens=n)
-        impl_tf.beam_search(model_f32, tokens(B, B, S), beam_size=2, max_new_tokens=n)
-    assert model_f32._loops["greedy"].experimental_get_tracing_count() == 1
-    assert model_f32._loops["beam_2"].experimental_get_tracing_count() == 1
+def test_generation_loops_trace_once_and_compile_per_bucket(config, tokens, caplog):
+    """A fresh model: batches 3..4, sources of 5..8 and limits of 3..8 tokens share one compiled loop per kind,
+    logged once at INFO on "impl_tf"; the traced Python function runs once per loop."""
+    model = impl_tf.Transformer(config.replace(dtype="float32", param_dtype="float32"), seed=0)
+    with caplog.at_level(logging.INFO, logger="impl_tf"):
+        for B, S, n in [(3, 7, 8), (4, 5, 3), (3, 8, 6)]:
+            assert impl_tf.greedy_search(model, tokens(B, B, S), max_new_tokens=n).shape[0] == B
+            assert impl_tf.beam_search(model, tokens(B, B, S), beam_size=2, max_new_tokens=n).shape[0] == B
+    assert [r.getMessage() for r in caplog.records if r.name == "impl_tf"] == [
+        "impl_tf: compiling greedy_search for batch 4, source length 8, capacity 8 (buckets)",
+        "impl_tf: compiling beam_search (beam 2) for batch 4, source length 8, capacity 8 (buckets)",
+    ]
+    assert model._loops["greedy"].experimental_get_tracing_count() == 1
+    assert model._loops["beam_2"].experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_rows_of_a_padded_batch_give_what_they_give_alone(model_f32, tokens, kind):
+    """Batch 3 runs padded to 4 rows and length 9 to 16: each row's tokens are those of the row alone."""
+    src = tokens(21, 3, 9)
+    src[2, 5:] = model_f32.config.pad_id
+    search = impl_tf.greedy_search if kind == "greedy" else impl_tf.beam_search
+    batch = search(model_f32, src, max_new_tokens=10).numpy()
+    for b in range(3):
+        alone = search(model_f32, src[b:b + 1], max_new_tokens=10).numpy()[0]
+        np.testing.assert_array_equal(batch[b, :len(alone)], alone)
+        assert (batch[b, len(alone):] == model_f32.config.pad_id).all()

@@ -1,7 +1,9 @@
-"""Importing impl_tf loads TensorFlow and the spec, and none of the other frameworks."""
+"""Importing impl_tf loads TensorFlow and the spec, and none of the other frameworks; it is a typed package
+of version 0.2.0 that sets no process-wide state."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_import_loads_no_other_framework():
@@ -12,3 +14,24 @@ def test_import_loads_no_other_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]", f"importing impl_tf loaded {out[0]}"
     assert out[1] == "True"
+
+
+def test_version_and_typed_marker():
+    import impl_tf
+
+    assert impl_tf.__version__ == "0.2.0"
+    assert (Path(impl_tf.__file__).parent / "py.typed").is_file()
+
+
+def test_import_and_use_change_no_global_state():
+    """Importing impl_tf, building a model and running it set no TensorFlow flag and add no logging handler."""
+    code = ("import logging, tensorflow as tf; "
+            "from tensorflow.python.framework.config import is_op_determinism_enabled; "  # no public getter
+            "flags = lambda: (tf.config.experimental.tensor_float_32_execution_enabled(), "
+            "is_op_determinism_enabled(), tf.config.get_soft_device_placement(), "
+            "tf.config.functions_run_eagerly()); "
+            "before = flags(); import impl_tf, spec; "
+            "m = impl_tf.Transformer(spec.preset('tiny')); impl_tf.greedy_search(m, [[5, 2]], 2); "
+            "print(before == flags(), logging.getLogger('impl_tf').handlers, logging.getLogger().handlers)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "True [] []"

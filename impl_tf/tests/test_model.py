@@ -1,14 +1,20 @@
-"""The model: parameter names, shapes and dtypes, masks, the KV cache, validation, and tracing once."""
+"""The model: weights from a seed, parameter names, shapes and dtypes, masks, the KV cache, validation, tracing
+once, and padding to buckets."""
 
 from __future__ import annotations
+
+import logging
 
 import ml_dtypes
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import impl_tf
+from impl_tf.model import as_ids
+from spec import api, shapes
 from spec import reference as ref
-from spec import shapes
+from spec.init import init_params
 from spec.numerics import Numerics
 from spec.schema import param_specs
 
@@ -24,7 +30,7 @@ def test_variables_are_named_by_the_canonical_names(model, params):
 def test_forward_matches_the_reference_and_records_every_intermediate(model, params, tokens):
     src, tgt_in = tokens(0, 2, 6), tokens(1, 2, 5, bos=True)
     src[1, 4:] = model.config.pad_id
-    logits, rec = model.forward(src, tgt_in, intermediates=True)
+    logits, rec = model(src, tgt_in, intermediates=True)
     expected = shapes.intermediates(model.config, 2, 6, 5)
     assert set(rec) == set(expected)
     for name, (shape, dtype) in expected.items():
@@ -38,23 +44,23 @@ def test_padding_keys_are_masked(model, tokens):
     """A padded row gives what the row without its padding gives alone (up to fp32 summation order)."""
     src, tgt_in = tokens(2, 2, 6), tokens(3, 2, 5, bos=True)
     src[0, 4:], tgt_in[0, 3:] = model.config.pad_id, model.config.pad_id
-    padded = model.forward(src, tgt_in).numpy()
-    alone = model.forward(src[:1, :4], tgt_in[:1, :3]).numpy()
+    padded = model(src, tgt_in).numpy()
+    alone = model(src[:1, :4], tgt_in[:1, :3]).numpy()
     assert np.isfinite(padded).all()
     np.testing.assert_allclose(padded[0, :3], alone[0], atol=0.05)
 
 
 def test_causal_mask(model, tokens):
     src, tgt_in = tokens(4, 1, 6), tokens(5, 1, 5, bos=True)
-    a = model.forward(src, tgt_in).numpy()
+    a = model(src, tgt_in).numpy()
     tgt_in[0, 3:] = 7
-    b = model.forward(src, tgt_in).numpy()
+    b = model(src, tgt_in).numpy()
     np.testing.assert_array_equal(a[0, :3], b[0, :3])
 
 
 def test_kv_cache_step_by_step_equals_one_call(model, tokens):
     src, tgt_in = tokens(6, 2, 6), tokens(7, 2, 5, bos=True)
-    full = model.forward(src, tgt_in).numpy()
+    full = model(src, tgt_in).numpy()
     cache = model.init_cache(model.encode(src), src, capacity=5)
     steps = []
     for t in range(5):
@@ -80,7 +86,7 @@ def test_decode_rejects_a_batch_size_other_than_the_cache(model, tokens):
 ])
 def test_bad_source_raises_the_spec_error(model, tokens, bad, pattern):
     src = bad(tokens(10, 2, 6))
-    for call in (lambda: model.encode(src), lambda: model.forward(src, tokens(11, 2, 3)),
+    for call in (lambda: model.encode(src), lambda: model(src, tokens(11, 2, 3)),
                  lambda: impl_tf.greedy_search(model, src), lambda: impl_tf.beam_search(model, src)):
         with pytest.raises(ValueError, match=pattern):
             call()
@@ -92,7 +98,7 @@ def test_compiled_functions_trace_once_across_shapes(model, tokens):
     (2, 6, 5) and capacity 5 are the shapes of the tests above, so only one new shape per function compiles.
     """
     for B, S, T in [(2, 6, 5), (1, 3, 2)]:
-        model.forward(tokens(B, B, S), tokens(S, B, T, bos=True))
+        model(tokens(B, B, S), tokens(S, B, T, bos=True))
         model.encode(tokens(B, B, S))
     assert model._forward.experimental_get_tracing_count() == 1
     assert model._encode.experimental_get_tracing_count() == 1
@@ -102,3 +108,92 @@ def test_compiled_functions_trace_once_across_shapes(model, tokens):
         for t in range(capacity):
             _, cache = model.decode(tokens(t, 2, 1), cache)
     assert model._decode.experimental_get_tracing_count() == 1
+
+
+def test_seed_gives_the_spec_weights(config):
+    """``Transformer(config, seed)`` holds ``spec.init_params(config, seed)`` bit for bit, in schema order."""
+    model = impl_tf.Transformer(config, seed=3)
+    want, got = init_params(config, 3), impl_tf.params_of(model)
+    assert model.config == config and list(got) == list(want)
+    for name, a in want.items():
+        assert got[name].dtype == a.dtype and got[name].tobytes() == a.tobytes(), name
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        impl_tf.Transformer(config, seed=-1)
+
+
+def test_token_ids_may_be_lists_arrays_or_tensors(model, tokens):
+    src, tgt_in = tokens(13, 2, 5), tokens(14, 2, 4, bos=True)
+    want = model(src, tgt_in).numpy()
+    for convert in (lambda x: x.tolist(), tf.constant, lambda x: x.astype(np.int32)):
+        np.testing.assert_array_equal(model(convert(src), convert(tgt_in)).numpy(), want)
+        cache = model.init_cache(model.encode(convert(src)), convert(src), 4)
+        logits, _ = model.decode(convert(tgt_in[:, :1]), cache)
+        np.testing.assert_allclose(logits.numpy(), want[:, :1], atol=0.05)
+
+
+def test_kv_cache_fields_and_layout(model, tokens):
+    """Fields as ``spec.api.KV_CACHE_FIELDS``; per layer (k, v) pairs (B, P, H, K), (B, P, H, C); masks; length."""
+    c = model.config
+    src, tgt_in = tokens(15, 2, 6), tokens(16, 2, 3, bos=True)
+    src[1, 4:] = c.pad_id
+    cache = model.init_cache(model.encode(src), src, capacity=7)
+    assert impl_tf.KVCache._fields == api.KV_CACHE_FIELDS
+    assert len(cache.self_kv) == len(cache.memory_kv) == c.n_decoder_layers
+    for (k, v), (mk, mv) in zip(cache.self_kv, cache.memory_kv, strict=True):
+        assert (tuple(k.shape), tuple(v.shape)) == ((2, 7, c.n_heads, c.d_k), (2, 7, c.n_heads, c.d_v))
+        assert (tuple(mk.shape), tuple(mv.shape)) == ((2, 6, c.n_heads, c.d_k), (2, 6, c.n_heads, c.d_v))
+    np.testing.assert_array_equal(cache.memory_mask.numpy(), src != c.pad_id)
+    assert not cache.key_mask.numpy().any() and int(cache.length) == 0
+    _, cache = model.decode(tgt_in, cache)
+    np.testing.assert_array_equal(cache.key_mask.numpy(), np.tile(np.arange(7) < 3, (2, 1)))
+    assert int(cache.length) == 3
+
+
+def test_init_cache_rejects_memory_of_another_shape(model, tokens):
+    src = tokens(17, 2, 6)
+    memory = model.encode(src)
+    for bad in (memory[:, :5], memory[:1], memory[..., :4]):
+        with pytest.raises(ValueError, match=r"memory shape .* does not match src shape \(2, 6\) and d_model 32"):
+            model.init_cache(bad, src, 4)
+
+
+def test_bucket_sizes():
+    """Powers of two, lengths at least 8 and at most max_len."""
+    assert [impl_tf.model.bucket(n) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
+    assert [impl_tf.model.bucket(n, 50, 8) for n in (1, 8, 9, 17, 33, 50)] == [8, 8, 16, 32, 50, 50]
+
+
+def test_shapes_are_padded_to_buckets_and_logged(config, params, tokens, caplog):
+    """A fresh model: batches 3..4 and lengths 1..8 compile one forward and one encoder, logged once each at
+    INFO on "impl_tf"; a longer source compiles the next bucket; decode logs its own unpadded shapes. Padding
+    changes no result."""
+    model = impl_tf.from_params(config, params)
+    with caplog.at_level(logging.INFO, logger="impl_tf"):
+        for B, S, T in [(3, 3, 8), (4, 8, 5), (3, 6, 1)]:
+            src, tgt_in = tokens(S, B, S), tokens(T, B, T, bos=True)
+            src[0, S - 1:] = config.pad_id
+            got = model(src, tgt_in).numpy()
+            assert got.shape == (B, T, config.vocab_size)
+            np.testing.assert_array_equal(got, model._forward(as_ids(src), as_ids(tgt_in)).numpy())
+            memory = model.encode(src).numpy()
+            assert memory.shape == (B, S, config.d_model)
+            np.testing.assert_array_equal(memory, model._encode(as_ids(src)).numpy())
+        model(tokens(0, 1, 9), tokens(1, 1, 3, bos=True))
+        cache = model.init_cache(model.encode(src), src, 2)  # not padded: the capacity is the caller's
+        for t in range(2):
+            _, cache = model.decode(tokens(t, 3, 1), cache)
+    assert [r.getMessage() for r in caplog.records if r.name == "impl_tf"] == [
+        "impl_tf: compiling forward for batch 4, source length 8, target length 8 (buckets)",
+        "impl_tf: compiling encode for batch 4, source length 8 (buckets)",
+        "impl_tf: compiling forward for batch 1, source length 16, target length 8 (buckets)",
+        "impl_tf: compiling decode for batch 3, steps of 1 tokens, capacity 2, source length 6",
+    ]
+
+
+def test_intermediates_are_sliced_to_the_real_shapes(model, tokens):
+    src, tgt_in = tokens(18, 3, 5), tokens(19, 3, 2, bos=True)
+    logits, rec = model(src, tgt_in, intermediates=True)
+    want_logits = model(src, tgt_in).numpy()
+    np.testing.assert_array_equal(logits.numpy(), want_logits)
+    for name, (shape, _) in shapes.intermediates(model.config, 3, 5, 2).items():
+        assert tuple(rec[name].shape) == shape, name

@@ -1,4 +1,5 @@
-"""Weights I/O: a bit-exact round trip in both dtypes, and the spec's errors."""
+"""Weights I/O: a bit-exact round trip in both dtypes and through from_params/params_of, the config rule,
+and the spec's errors."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_wrong_shape_is_named(config, tmp_path):
     params = init_params(config, 0)
     params["decoder.layers.0.ffn.w_1"] = np.zeros((3, 3), params["embedding"].dtype)
     with pytest.raises(ValueError, match=r"parameter 'decoder\.layers\.0\.ffn\.w_1': expected shape"):
-        impl_tf.Transformer(config, params)
+        impl_tf.from_params(config, params)
 
 
 def test_truncated_file_is_named(config, tmp_path):
@@ -37,3 +38,22 @@ def test_truncated_file_is_named(config, tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"cut\.safetensors"):
         impl_tf.load_weights(tmp_path / "cut.safetensors")
+
+
+def test_params_of_and_from_params_round_trip(config):
+    params = init_params(config, 4, observable=True)
+    back = impl_tf.params_of(impl_tf.from_params(config, params))
+    assert list(back) == list(params)
+    for name, a in params.items():
+        assert back[name].dtype == a.dtype and back[name].tobytes() == a.tobytes(), name
+
+
+def test_load_weights_with_a_given_config(config, tmp_path):
+    """A given config may differ from the stored one only where the weights do not depend on it."""
+    path = tmp_path / "w.safetensors"
+    impl_tf.save_weights(impl_tf.Transformer(config, seed=2), path)
+    other = config.replace(max_len=32, dropout=0.0)
+    with pytest.warns(UserWarning, match="max_len 64 -> 32, dropout 0.1 -> 0.0"):
+        assert impl_tf.load_weights(path, other).config == other
+    with pytest.raises(ValueError, match="the given config has d_ff=40 but the weights were stored with d_ff=48"):
+        impl_tf.load_weights(path, config.replace(d_ff=40))

@@ -2,7 +2,9 @@
 
 Shape letters used throughout the project:
     B batch, S source length, T target length, D d_model, H n_heads,
-    K d_k, C d_v, F d_ff, V vocab_size, L layers.
+    K d_k, C d_v, F d_ff, V vocab_size, L a generated length (search output),
+    P a KV cache's capacity, n positions fed in one decode call.
+Layer counts are spelled out (n_encoder_layers), never a letter.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def report(session: nox.Session) -> None:
 def tests(session: nox.Session, package: str) -> None:
     """One package as a user gets it: its wheel (no file URL in its metadata) installed with its dependencies
     from wheels alone, its unit tests, then the README's examples for it, run outside the repository."""
-    tmp = Path(session.create_tmp())
+    tmp = Path(session.create_tmp()).resolve()  # absolute: the session leaves the repository below
     session.run("pip", "wheel", "--no-deps", "-q", "-w", str(tmp), "./spec", f"./{package}")
     wheels = {w.name.split("-")[0]: w for w in tmp.glob("*.whl")}
     for wheel in wheels.values():
@@ -82,6 +82,8 @@ def _check_metadata(session: nox.Session, wheel: Path) -> None:
 def _readme_examples(package: str) -> list[str]:
     """README's Python blocks that import ``package``; the common example (``import impl_torch as T  # or: ...``)
     once per impl, with the import changed."""
+    if not package.startswith("impl_"):
+        return []
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     common = "import impl_torch as T  # or:"
     return [b.replace("import impl_torch as T", f"import {package} as T") if common in b else b

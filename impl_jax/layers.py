@@ -6,14 +6,17 @@ bf16 once, after its bias; attention scores, softmax and LayerNorm statistics
 stay fp32. In fp32 mode the same code runs in fp32 with ``Precision.HIGHEST``
 so no product runs as TF32 or bf16 passes on an accelerator.
 
-Layer functions that sit in a sublayer connection take ``rec``, a dict the
-traced function fills with named intermediates (``spec.shapes.intermediates``)
-and returns; ``None`` records nothing.
+Layers ``record`` named intermediates (``spec.shapes.intermediates``); they are
+kept only inside a ``recording`` block, by the name joined to the enclosing
+``scope``s. Under ``jit`` this happens at trace time: the traced function opens
+the block and returns the dict of tracers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +27,6 @@ from spec.config import Config
 from spec.numerics import MASKED_SCORE
 
 Params = dict
-Record = dict | None  # name -> traced intermediate, filled while tracing
 F32 = jnp.float32
 
 
@@ -33,12 +35,43 @@ def einsum_f32(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(eq, a, b, preferred_element_type=F32, precision=lax.Precision.HIGHEST)
 
 
-def record(rec: Record, name: str, x: jax.Array) -> jax.Array:
-    """Store ``x`` as ``rec[name]`` (if recording) and return it."""
+# ----------------------------------------------------------------- intermediates
+# Context variables, not arguments, so that no production signature carries the recording.
+
+_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("impl_jax.recording", default=None)
+_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("impl_jax.scope", default="")
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[dict[str, jax.Array]]:
+    """Collect the tensors ``record``ed in the block by canonical name (``spec.shapes.intermediates``)."""
+    rec: dict[str, jax.Array] = {}
+    token = _RECORDING.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDING.reset(token)
+
+
+@contextlib.contextmanager
+def scope(prefix: str) -> Iterator[None]:
+    """Names recorded in the block are prefixed with ``prefix + "."`` (nested scopes join with dots)."""
+    token = _SCOPE.set(f"{_SCOPE.get()}{prefix}.")
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def record(name: str, x: jax.Array) -> jax.Array:
+    """``x``; while ``recording``, also stored under the scoped name (a no-op otherwise)."""
+    rec = _RECORDING.get()
     if rec is not None:
-        rec[name] = x
+        rec[_SCOPE.get() + name] = x
     return x
 
+
+# ----------------------------------------------------------------- layers
 
 def positional_encoding(length: int, d_model: int) -> jax.Array:
     """Sinusoidal table (length, D) float32, interleaved sin/cos (section 3.5).
@@ -154,7 +187,7 @@ def layer_norm(params: Params, x: jax.Array, eps: float) -> jax.Array:
 
 
 def sublayer_connection(params: Params, name: str, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-                        config: Config, rec: Record = None) -> jax.Array:
+                        config: Config) -> jax.Array:
     """Residual connection around ``sublayer`` (section 5.4); the residual add is rounded to x's dtype.
 
     Post-LN (paper): ``LayerNorm(x + Sublayer(x))``; pre-LN (``config.norm_first``):
@@ -164,32 +197,27 @@ def sublayer_connection(params: Params, name: str, x: jax.Array, sublayer: Calla
     """
     norm = params[f"{name}_norm"]
     if config.norm_first:
-        y = record(rec, name, sublayer(layer_norm(norm, x, config.layer_norm_eps)))
+        y = record(name, sublayer(layer_norm(norm, x, config.layer_norm_eps)))
         out = x + y
     else:
-        y = record(rec, name, sublayer(x))
+        y = record(name, sublayer(x))
         out = layer_norm(norm, x + y, config.layer_norm_eps)
-    return record(rec, f"{name}.residual", out)
+    return record(f"{name}.residual", out)
 
 
-def encoder_layer(params: Params, x: jax.Array, mask: jax.Array, config: Config, rec: Record = None,
-                  prefix: str = "") -> jax.Array:
+def encoder_layer(params: Params, x: jax.Array, mask: jax.Array, config: Config) -> jax.Array:
     """Self-attention then FFN, each in a sublayer connection (section 3.1): (B, S, D) -> (B, S, D).
 
-    mask: key padding mask broadcastable to (B, 1, 1, S). ``prefix`` names the
-    recorded intermediates (e.g. "encoder.layers.0.").
+    mask: key padding mask broadcastable to (B, 1, 1, S).
     """
     x = sublayer_connection(params, "self_attn", x,
-                            lambda h: multi_head_attention(params["self_attn"], h, h, mask), config,
-                            _scoped(rec, prefix))
-    return sublayer_connection(params, "ffn", x, lambda h: feed_forward(params["ffn"], h), config,
-                               _scoped(rec, prefix))
+                            lambda h: multi_head_attention(params["self_attn"], h, h, mask), config)
+    return sublayer_connection(params, "ffn", x, lambda h: feed_forward(params["ffn"], h), config)
 
 
 def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Array],
                   memory_kv: tuple[jax.Array, jax.Array], self_mask: jax.Array, memory_mask: jax.Array,
-                  start: jax.Array | int, config: Config, rec: Record = None, prefix: str = ""
-                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+                  start: jax.Array | int, config: Config) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """Masked self-attention with a KV cache, cross-attention, FFN (section 3.1).
 
     y (B, n, D): the new positions ``start .. start+n-1``. self_kv: this layer's
@@ -199,7 +227,6 @@ def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Ar
     (``attention_kv``). self_mask broadcastable to (B, 1, n, P) (causal and key
     padding); memory_mask to (B, 1, 1, S). Returns (y (B, n, D), updated self_kv).
     """
-    rec = _scoped(rec, prefix)
     cache = {}
 
     def self_attn(h):
@@ -208,22 +235,8 @@ def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Ar
                             for c, new in zip(self_kv, (k, v), strict=True))    # (B, P, H, K|C)
         return attend(params["self_attn"], h, *cache["kv"], self_mask)
 
-    y = sublayer_connection(params, "self_attn", y, self_attn, config, rec)
+    y = sublayer_connection(params, "self_attn", y, self_attn, config)
     y = sublayer_connection(params, "cross_attn", y,
-                            lambda h: attend(params["cross_attn"], h, *memory_kv, memory_mask), config, rec)
-    y = sublayer_connection(params, "ffn", y, lambda h: feed_forward(params["ffn"], h), config, rec)
+                            lambda h: attend(params["cross_attn"], h, *memory_kv, memory_mask), config)
+    y = sublayer_connection(params, "ffn", y, lambda h: feed_forward(params["ffn"], h), config)
     return y, cache["kv"]
-
-
-class _Scoped:
-    """A view of a record dict that prefixes every name written to it."""
-
-    def __init__(self, rec: dict, prefix: str):
-        self._rec, self._prefix = rec, prefix
-
-    def __setitem__(self, name: str, x: jax.Array) -> None:
-        self._rec[self._prefix + name] = x
-
-
-def _scoped(rec: Record, prefix: str) -> Record:
-    return rec if rec is None or not prefix else _Scoped(rec, prefix)

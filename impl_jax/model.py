@@ -163,17 +163,17 @@ def _causal_mask(start: jax.Array | int, n: int, capacity: int) -> jax.Array:
     return (jnp.arange(capacity)[None, :] <= q_pos)[None, None]
 
 
-def encoder_stack(params: Params, src: jax.Array, config: Config, rec: layers.Record = None) -> jax.Array:
+def encoder_stack(params: Params, src: jax.Array, config: Config) -> jax.Array:
     """Encoder (section 3.1): src (B, S) int -> memory (B, S, D); key padding from ``pad_id``."""
     mask = (src != config.pad_id)[:, None, None, :]                               # (B, 1, 1, S) key padding
-    x = layers.record(rec, "src_embed", layers.embedding(params["embedding"], src, config))  # (B, S, D)
+    x = layers.record("src_embed", layers.embedding(params["embedding"], src, config))  # (B, S, D)
     enc = params["encoder"]
     for i, p in enumerate(enc["layers"]):
-        x = layers.encoder_layer(p, x, mask, config, rec, f"encoder.layers.{i}.")
-        layers.record(rec, f"encoder.layers.{i}.out", x)
+        with layers.scope(f"encoder.layers.{i}"):
+            x = layers.record("out", layers.encoder_layer(p, x, mask, config))
     if config.norm_first:
         x = layers.layer_norm(enc["final_norm"], x, config.layer_norm_eps)
-    return layers.record(rec, "encoder.out", x)
+    return layers.record("encoder.out", x)
 
 
 def empty_cache(params: Params, memory: jax.Array, src: jax.Array, capacity: int, config: Config) -> KVCache:
@@ -190,23 +190,23 @@ def output_logits(params: Params, h: jax.Array) -> jax.Array:
     return layers.einsum_f32("bnd,vd->bnv", h, params["embedding"])
 
 
-def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Config, rec: layers.Record = None
-                  ) -> tuple[jax.Array, KVCache]:
+def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Config) -> tuple[jax.Array, KVCache]:
     """Decoder over tokens (B, n) at positions ``cache.length ..`` -> (logits (B, n, V) fp32, updated cache)."""
     start, n = cache.length, tokens.shape[1]
     key_mask = jax.lax.dynamic_update_slice_in_dim(cache.key_mask, tokens != config.pad_id, start, axis=1)
     self_mask = _causal_mask(start, n, cache.capacity) & key_mask[:, None, None, :]   # (B, 1, n, P)
     memory_mask = cache.memory_mask[:, None, None, :]                                # (B, 1, 1, S)
-    y = layers.record(rec, "tgt_embed", layers.embedding(params["embedding"], tokens, config, start))
+    y = layers.record("tgt_embed", layers.embedding(params["embedding"], tokens, config, start))
     dec, self_kv = params["decoder"], []
     for i, p in enumerate(dec["layers"]):
-        y, kv = layers.decoder_layer(p, y, cache.self_kv[i], cache.memory_kv[i], self_mask, memory_mask, start,
-                                     config, rec, f"decoder.layers.{i}.")
+        with layers.scope(f"decoder.layers.{i}"):
+            y, kv = layers.decoder_layer(p, y, cache.self_kv[i], cache.memory_kv[i], self_mask, memory_mask,
+                                         start, config)
+            layers.record("out", y)
         self_kv.append(kv)
-        layers.record(rec, f"decoder.layers.{i}.out", y)
     if config.norm_first:
         y = layers.layer_norm(dec["final_norm"], y, config.layer_norm_eps)
-    logits = layers.record(rec, "logits", output_logits(params, layers.record(rec, "decoder.out", y)))
+    logits = layers.record("logits", output_logits(params, layers.record("decoder.out", y)))
     return logits, KVCache(tuple(self_kv), key_mask, cache.memory_kv, cache.memory_mask, start + n)
 
 
@@ -216,11 +216,14 @@ def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Con
 def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, intermediates: bool):
     log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
              src.shape[0], src.shape[1], tgt_in.shape[1], ", with intermediates" if intermediates else "")
-    params, rec = cast_params(params, config), {} if intermediates else None
-    memory = encoder_stack(params, src, config, rec)
-    cache = empty_cache(params, memory, src, tgt_in.shape[1], config)  # capacity T: one code path with decode
-    logits, _ = decoder_stack(params, tgt_in, cache, config, rec)
-    return logits, rec or {}
+    params = cast_params(params, config)
+    # Recording runs here, at trace time, into this trace's own dict, with or without intermediates: a
+    # caller's open ``recording`` never catches these tracers (which would leak, and only on the first trace).
+    with layers.recording() as rec:
+        memory = encoder_stack(params, src, config)
+        cache = empty_cache(params, memory, src, tgt_in.shape[1], config)  # capacity T: one code path with decode
+        logits, _ = decoder_stack(params, tgt_in, cache, config)
+    return logits, rec if intermediates else {}
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

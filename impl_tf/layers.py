@@ -15,22 +15,16 @@ fp32 (same result, slower). Layers therefore run eagerly or inside ``tf.function
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
-
-Record = dict[str, tf.Tensor] | None
-
-
-def _record(rec: Record, name: str, x: tf.Tensor) -> tf.Tensor:
-    if rec is not None:
-        rec[name] = x
-    return x
 
 
 def _matmul_fp32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tensor:
@@ -59,6 +53,44 @@ def _tensordot(x: tf.Tensor, w: tf.Tensor, axes: int = 1, bias: tf.Tensor | None
 def _variable(params: dict[str, np.ndarray], name: str) -> tf.Variable:
     """The canonical parameter ``name`` as a tf.Variable of its stored dtype, named after it."""
     return tf.Variable(params[name], name=name, trainable=True)
+
+
+# ----------------------------------------------------------------- intermediates
+# A forward with intermediates collects tensors by canonical name without an argument threaded through every
+# layer: layers ``record`` names relative to the ``scope`` their stack opens. Inside ``tf.function`` this runs
+# while tracing, so the traced function returns the dict of symbolic tensors as part of its output.
+
+_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("impl_tf.recording", default=None)
+_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("impl_tf.scope", default="")
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[dict[str, tf.Tensor]]:
+    """Collect the tensors ``record``ed in the block by canonical name (``spec.shapes.intermediates``)."""
+    rec = {}
+    token = _RECORDING.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDING.reset(token)
+
+
+@contextlib.contextmanager
+def scope(prefix: str) -> Iterator[None]:
+    """Names recorded in the block are prefixed with ``prefix + "."`` (nested scopes join with dots)."""
+    token = _SCOPE.set(f"{_SCOPE.get()}{prefix}.")
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def record(name: str, x: tf.Tensor) -> tf.Tensor:
+    """``x``; while ``recording``, also stored under the scoped name (a no-op otherwise)."""
+    rec = _RECORDING.get()
+    if rec is not None:
+        rec[_SCOPE.get() + name] = x
+    return x
 
 
 # ----------------------------------------------------------------- embedding
@@ -188,24 +220,27 @@ def residual_add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
 
 
 class SublayerConnection(tf.Module):
-    """Residual connection around a sublayer (section 5.4), recorded as ``path`` and ``path.residual``.
+    """Residual connection around a sublayer (section 5.4).
 
     Post-LN (paper): ``LayerNorm(x + Sublayer(x))``; pre-LN (``config.norm_first``): ``x + Sublayer(LayerNorm(x))``.
+    Records the sublayer's output and the result as ``<name>`` and ``<name>.residual``, ``<name>`` the last part
+    of ``path`` (e.g. "self_attn"): its layer's ``scope`` supplies the rest.
     """
 
     def __init__(self, norm: LayerNorm, norm_first: bool, path: str):
         super().__init__(name="sublayer_connection")
         self.norm, self.norm_first, self.path = norm, norm_first, path
+        self.record_name = path.rsplit(".", 1)[-1]
 
-    def __call__(self, x: tf.Tensor, sublayer: Callable[[tf.Tensor], tf.Tensor], rec: Record = None) -> tf.Tensor:
+    def __call__(self, x: tf.Tensor, sublayer: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
         """x (B, L, D) -> (B, L, D)."""
         if self.norm_first:
-            y = _record(rec, self.path, sublayer(self.norm(x)))
+            y = record(self.record_name, sublayer(self.norm(x)))
             out = residual_add(x, y)
         else:
-            y = _record(rec, self.path, sublayer(x))
+            y = record(self.record_name, sublayer(x))
             out = self.norm(residual_add(x, y))
-        return _record(rec, f"{self.path}.residual", out)
+        return record(f"{self.record_name}.residual", out)
 
 
 # ----------------------------------------------------------------- layers
@@ -223,10 +258,10 @@ class EncoderLayer(tf.Module):
         self.self_attn_sublayer = SublayerConnection(self.self_attn_norm, c.norm_first, f"{path}.self_attn")
         self.ffn_sublayer = SublayerConnection(self.ffn_norm, c.norm_first, f"{path}.ffn")
 
-    def __call__(self, x: tf.Tensor, mask: tf.Tensor, rec: Record = None) -> tf.Tensor:
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D)."""
-        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, h, mask), rec)
-        return self.ffn_sublayer(x, self.ffn, rec)
+        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, h, mask))
+        return self.ffn_sublayer(x, self.ffn)
 
 
 def write_kv(cache: tf.Tensor, new: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
@@ -254,8 +289,8 @@ class DecoderLayer(tf.Module):
         self.ffn_sublayer = SublayerConnection(self.ffn_norm, c.norm_first, f"{path}.ffn")
 
     def __call__(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], start: tf.Tensor, self_mask: tf.Tensor,
-                 memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor,
-                 rec: Record = None) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
+                 memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor
+                 ) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
         """n new tokens at positions ``start...`` against this layer's cache.
 
         y (B, n, D); self_kv: preallocated (k (B, T_max, H, K), v (B, T_max, H, C)) holding positions
@@ -270,7 +305,7 @@ class DecoderLayer(tf.Module):
             new_kv.extend(write_kv(cache, new, start) for cache, new in zip(self_kv, (k, v), strict=True))
             return self.self_attn.attend(h, *new_kv, self_mask)
 
-        y = self.self_attn_sublayer(y, self_attn, rec)
-        y = self.cross_attn_sublayer(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask), rec)
-        y = self.ffn_sublayer(y, self.ffn, rec)
+        y = self.self_attn_sublayer(y, self_attn)
+        y = self.cross_attn_sublayer(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask))
+        y = self.ffn_sublayer(y, self.ffn)
         return y, tuple(new_kv)

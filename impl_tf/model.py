@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.layers import DecoderLayer, Embedding, EncoderLayer, LayerNorm, Record, _record, write_kv
+from impl_tf.layers import DecoderLayer, Embedding, EncoderLayer, LayerNorm, record, recording, scope, write_kv
 from spec import shapes, validate
 from spec.config import Config
 from spec.init import init_params
@@ -97,15 +97,16 @@ class Encoder(tf.Module):
         self.layers = [EncoderLayer(c, params, f"encoder.layers.{i}") for i in range(c.n_encoder_layers)]
         self.final_norm = LayerNorm(c, params, "encoder.final_norm") if c.norm_first else None
 
-    def __call__(self, src: tf.Tensor, rec: Record = None) -> tf.Tensor:
+    def __call__(self, src: tf.Tensor) -> tf.Tensor:
         """src (B, S) int32 -> memory (B, S, D); keys at ``pad_id`` are masked out."""
         mask = (src != self.pad_id)[:, None, None, :]                         # (B, 1, 1, S) key padding mask
-        x = _record(rec, "src_embed", self.embedding(src))                    # (B, S, D)
+        x = record("src_embed", self.embedding(src))                          # (B, S, D)
         for i, layer in enumerate(self.layers):
-            x = _record(rec, f"encoder.layers.{i}.out", layer(x, mask, rec))
+            with scope(f"encoder.layers.{i}"):
+                x = record("out", layer(x, mask))
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return _record(rec, "encoder.out", x)
+        return record("encoder.out", x)
 
 
 class Decoder(tf.Module):
@@ -127,7 +128,7 @@ class Decoder(tf.Module):
                        memory_kv=tuple(layer.cross_attn.key_value(memory) for layer in self.layers),
                        memory_mask=src != c.pad_id, length=tf.constant(0, tf.int32))
 
-    def __call__(self, tokens: tf.Tensor, cache: KVCache, rec: Record = None) -> tuple[tf.Tensor, KVCache]:
+    def __call__(self, tokens: tf.Tensor, cache: KVCache) -> tuple[tf.Tensor, KVCache]:
         """tokens (B, n) int32 at positions ``cache.length...`` -> float32 logits (B, n, V) and the updated cache.
 
         Self-attention sees the cached positions and the new ones causally, minus padding keys.
@@ -137,15 +138,16 @@ class Decoder(tf.Module):
         causal = tf.range(capacity)[None, :] <= (start + tf.range(n))[:, None]                 # (n, T_max)
         self_mask = causal[None, None] & key_mask[:, None, None, :]                           # (B, 1, n, T_max)
         memory_mask = cache.memory_mask[:, None, None, :]                                     # (B, 1, 1, S)
-        y = _record(rec, "tgt_embed", self.embedding(tokens, start))                          # (B, n, D)
+        y = record("tgt_embed", self.embedding(tokens, start))                                # (B, n, D)
         self_kv = []
         for i, layer in enumerate(self.layers):
-            y, kv = layer(y, cache.self_kv[i], start, self_mask, cache.memory_kv[i], memory_mask, rec)
-            _record(rec, f"decoder.layers.{i}.out", y)
+            with scope(f"decoder.layers.{i}"):
+                y, kv = layer(y, cache.self_kv[i], start, self_mask, cache.memory_kv[i], memory_mask)
+                record("out", y)
             self_kv.append(kv)
         if self.final_norm is not None:
             y = self.final_norm(y)
-        logits = _record(rec, "logits", self.embedding.logits(_record(rec, "decoder.out", y)))  # (B, n, V) fp32
+        logits = record("logits", self.embedding.logits(record("decoder.out", y)))             # (B, n, V) fp32
         return logits, cache._replace(self_kv=tuple(self_kv), key_mask=key_mask, length=start + n)
 
 
@@ -185,8 +187,8 @@ class Transformer(tf.Module):
         self._shapes = set()  # (function, shape) pairs dispatched so far: XLA compiled each once
         compile_ = functools.partial(tf.function, jit_compile=True)
         self._encode = compile_(lambda src: self.encoder(src), input_signature=[IDS])
-        self._forward = compile_(functools.partial(self._teacher_forced, record=False), input_signature=[IDS, IDS])
-        self._forward_rec = compile_(functools.partial(self._teacher_forced, record=True), input_signature=[IDS, IDS])
+        self._forward = compile_(self._teacher_forced, input_signature=[IDS, IDS])
+        self._forward_rec = compile_(self._teacher_forced_recorded, input_signature=[IDS, IDS])
         self._decode = compile_(lambda tokens, cache: self.decoder(tokens, cache),
                                 input_signature=[IDS, self._cache_spec()])
 
@@ -209,11 +211,16 @@ class Transformer(tf.Module):
         by_name = {v.name.removesuffix(":0"): v for v in self.variables}
         return {s.name: by_name[s.name] for s in param_specs(self.config)}
 
-    def _teacher_forced(self, src: tf.Tensor, tgt_in: tf.Tensor, record: bool):
-        rec = {} if record else None
-        memory = self.encoder(src, rec)
-        logits, _ = self.decoder(tgt_in, self.decoder.init_cache(memory, src, tf.shape(tgt_in)[1]), rec)
-        return (logits, rec) if record else logits
+    def _teacher_forced(self, src: tf.Tensor, tgt_in: tf.Tensor) -> tf.Tensor:
+        memory = self.encoder(src)
+        return self.decoder(tgt_in, self.decoder.init_cache(memory, src, tf.shape(tgt_in)[1]))[0]
+
+    def _teacher_forced_recorded(self, src: tf.Tensor, tgt_in: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        # Records while tf.function traces this (the plain, uncompiled modules run inside): the dict of symbolic
+        # tensors is part of the traced function's output, so every later call returns their values.
+        with recording() as rec:
+            logits = self._teacher_forced(src, tgt_in)
+        return logits, rec
 
     def __call__(self, src, tgt_in, intermediates: bool = False
                  ) -> Float[tf.Tensor, "B T V"] | tuple[Float[tf.Tensor, "B T V"], dict[str, tf.Tensor]]:

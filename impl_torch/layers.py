@@ -11,6 +11,7 @@ rounded to the activation dtype once, after its bias; ``project`` is the one pla
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections.abc import Callable, Iterator
 
@@ -22,7 +23,6 @@ from spec.config import Config
 from spec.numerics import MASKED_SCORE
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-Record = dict[str, Tensor] | None
 
 
 def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
@@ -64,6 +64,44 @@ def contract_numerics() -> Iterator[None]:
         yield
     finally:
         matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction = before
+
+
+# ----------------------------------------------------------------- intermediates
+# Context variables rather than a parameter threaded through every layer: production signatures stay free of
+# bookkeeping, and ``record`` costs one lookup when nothing is recording.
+
+_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("impl_torch.recording", default=None)
+_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("impl_torch.scope", default="")
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[dict[str, Tensor]]:
+    """Collect the tensors ``record``ed in the block by canonical name (``spec.shapes.intermediates``)."""
+    rec: dict[str, Tensor] = {}
+    token = _RECORDING.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDING.reset(token)
+
+
+@contextlib.contextmanager
+def scope(prefix: str) -> Iterator[None]:
+    """Names recorded in the block are prefixed with ``prefix + "."`` (nested scopes join with dots)."""
+    outer = _SCOPE.get()
+    token = _SCOPE.set(f"{outer}{prefix}.")
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def record(name: str, x: Tensor) -> Tensor:
+    """``x``; while ``recording``, also stored under the scoped name (a no-op otherwise)."""
+    rec = _RECORDING.get()
+    if rec is not None:
+        rec[_SCOPE.get() + name] = x
+    return x
 
 
 # ----------------------------------------------------------------- embedding
@@ -232,23 +270,15 @@ class SublayerConnection(LayerNorm):
         """``LayerNorm(x + y)``, the residual add rounded first (rules 5, 6): the post-LN block given y."""
         return layer_norm(x + y, self.scale, self.bias, self.eps)
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], record: Record = None,
-                name: str = "") -> Tensor:
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], name: str = "") -> Tensor:
         """x (B, L, D) -> (B, L, D). Records the sublayer's output as ``name``, the block's as ``name.residual``."""
         if self.norm_first:
-            y = record_as(record, name, sublayer(layer_norm(x, self.scale, self.bias, self.eps)))
+            y = record(name, sublayer(layer_norm(x, self.scale, self.bias, self.eps)))
             out = x + self.dropout(y)
         else:
-            y = record_as(record, name, sublayer(x))
+            y = record(name, sublayer(x))
             out = self.add_norm(x, self.dropout(y))
-        return record_as(record, f"{name}.residual", out)
-
-
-def record_as(record: Record, name: str, x: Tensor) -> Tensor:
-    """``x``, stored in ``record[name]`` when recording intermediates."""
-    if record is not None:
-        record[name] = x
-    return x
+        return record(f"{name}.residual", out)
 
 
 # ----------------------------------------------------------------- layers
@@ -263,10 +293,10 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(config, device)
         self.ffn_norm = SublayerConnection(config, device)
 
-    def forward(self, x: Tensor, mask: Tensor, record: Record = None) -> Tensor:
-        """x (B, S, D), mask (B, 1, 1, S) key padding mask. ``record`` gets names relative to the layer."""
-        x = self.self_attn_norm(x, lambda h: self.self_attn(h, h, mask), record, "self_attn")
-        return self.ffn_norm(x, self.ffn, record, "ffn")
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, D), mask (B, 1, 1, S) key padding mask. Records names relative to the layer (the stack scopes)."""
+        x = self.self_attn_norm(x, lambda h: self.self_attn(h, h, mask), "self_attn")
+        return self.ffn_norm(x, self.ffn, "ffn")
 
 
 class DecoderLayer(nn.Module):
@@ -282,14 +312,13 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = SublayerConnection(config, device)
 
     def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor, self_mask: Tensor,
-                append_kv: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
-                record: Record = None) -> Tensor:
+                append_kv: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None) -> Tensor:
         """n new positions y (B, n, D) -> (B, n, D).
 
         memory_kv: this layer's cross-attention keys/values of the encoder output (``cross_attn.project_kv``),
         memory_mask (B, 1, 1, S); self_mask (B, 1, n, t) over the t self-attention keys. ``append_kv(k, v)`` is
         the KV cache: it stores the new positions' keys/values and returns those of all t positions so far
-        (without it, the n new positions attend among themselves, t = n).
+        (without it, the n new positions attend among themselves, t = n). Records names relative to the layer.
         """
         def self_attn(h: Tensor) -> Tensor:
             k, v = self.self_attn.project_kv(h)                                 # (B, n, H, K), (B, n, H, C)
@@ -297,6 +326,6 @@ class DecoderLayer(nn.Module):
                 k, v = append_kv(k, v)                                          # (B, t, H, K), (B, t, H, C)
             return self.self_attn.attend(h, k, v, self_mask)
 
-        y = self.self_attn_norm(y, self_attn, record, "self_attn")
-        y = self.cross_attn_norm(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask), record, "cross_attn")
-        return self.ffn_norm(y, self.ffn, record, "ffn")
+        y = self.self_attn_norm(y, self_attn, "self_attn")
+        y = self.cross_attn_norm(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask), "cross_attn")
+        return self.ffn_norm(y, self.ffn, "ffn")

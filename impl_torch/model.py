@@ -6,6 +6,7 @@ computing anything, so bad input raises the spec's ``ValueError`` with the spec'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -23,9 +24,10 @@ from impl_torch.layers import (
     Embedding,
     EncoderLayer,
     LayerNorm,
-    Record,
     project,
-    record_as,
+    record,
+    recording,
+    scope,
 )
 from spec import validate
 from spec.config import Config
@@ -126,11 +128,11 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config, device) for _ in range(config.n_encoder_layers))
         self.final_norm = LayerNorm(config, device) if config.norm_first else None
 
-    def forward(self, x: Tensor, mask: Tensor, record: Record = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) key padding mask."""
         for i, layer in enumerate(self.layers):
-            rec = None if record is None else {}
-            x = _merge(record, f"encoder.layers.{i}", rec, layer(x, mask, rec))
+            with scope(f"encoder.layers.{i}"):
+                x = record("out", layer(x, mask))
         return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -142,26 +144,18 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, device) for _ in range(config.n_decoder_layers))
         self.final_norm = LayerNorm(config, device) if config.norm_first else None
 
-    def forward(self, y: Tensor, cache: KVCache, self_mask: Tensor, record: Record = None) -> Tensor:
+    def forward(self, y: Tensor, cache: KVCache, self_mask: Tensor) -> Tensor:
         """n new positions y (B, n, D) at ``cache.length``.., self_mask (B, 1, n, cache.length + n).
 
         Writes the new positions' self-attention keys/values into ``cache`` and advances ``cache.length``.
         """
         start, memory_mask = cache.length, cache.memory_mask[:, None, None, :]           # (B, 1, 1, S)
         for i, layer in enumerate(self.layers):
-            rec = None if record is None else {}
-            out = layer(y, cache.memory_kv[i], memory_mask, self_mask, functools.partial(cache.write, i, start), rec)
-            y = _merge(record, f"decoder.layers.{i}", rec, out)
+            with scope(f"decoder.layers.{i}"):
+                y = record("out", layer(y, cache.memory_kv[i], memory_mask, self_mask,
+                                        functools.partial(cache.write, i, start)))
         cache.length = start + y.shape[1]
         return y if self.final_norm is None else self.final_norm(y)
-
-
-def _merge(record: Record, prefix: str, rec: Record, out: Tensor) -> Tensor:
-    """Record a layer's intermediates ``rec`` under ``prefix``, and its output as ``prefix.out``."""
-    if record is not None:
-        record.update({f"{prefix}.{k}": v for k, v in rec.items()})
-        record[f"{prefix}.out"] = out
-    return out
 
 
 class Transformer(nn.Module):
@@ -256,10 +250,10 @@ class Transformer(nn.Module):
         """
         validate.check_forward(host_ids(src), host_ids(tgt_in), self.config)
         src, tgt_in = device_ids(src, self.device), device_ids(tgt_in, self.device)
-        record = {} if intermediates else None
-        cache = self._init_cache(self._encode(src, record), src, tgt_in.shape[1])
-        logits = self._decode(tgt_in, cache, record)
-        return (logits, {**record, "logits": logits}) if intermediates else logits
+        # ``record`` is a no-op outside ``recording()``, so one code path serves both.
+        with recording() if intermediates else contextlib.nullcontext() as rec:
+            logits = self._decode(tgt_in, self._init_cache(self._encode(src), src, tgt_in.shape[1]))
+        return (logits, rec) if intermediates else logits
 
     def encode(self, src: Ids) -> Float[Tensor, "B S D"]:
         """Encoder stack (section 3.1): src (B, S) int ids -> memory (B, S, D) in ``config.dtype``.
@@ -302,10 +296,10 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------- unchecked internals (validated ids)
 
-    def _encode(self, src: Tensor, record: Record = None) -> Tensor:
+    def _encode(self, src: Tensor) -> Tensor:
         mask = key_padding_mask(src, self.config.pad_id)[:, None, None, :]             # (B, 1, 1, S)
-        x = record_as(record, "src_embed", self.embed(self.embedding, src))
-        return record_as(record, "encoder.out", self.encoder(x, mask, record))
+        x = record("src_embed", self.embed(self.embedding, src))
+        return record("encoder.out", self.encoder(x, mask))
 
     def _init_cache(self, memory: Tensor, src: Tensor, capacity: int) -> KVCache:
         c, B = self.config, memory.shape[0]
@@ -316,11 +310,11 @@ class Transformer(nn.Module):
             memory_kv=[layer.cross_attn.project_kv(memory) for layer in self.decoder.layers],
             memory_mask=key_padding_mask(src, c.pad_id))
 
-    def _decode(self, tokens: Tensor, cache: KVCache, record: Record = None) -> Tensor:
+    def _decode(self, tokens: Tensor, cache: KVCache) -> Tensor:
         start, n = cache.length, tokens.shape[1]
         cache.key_mask[:, start:start + n] = key_padding_mask(tokens, self.config.pad_id)
         key_mask = cache.key_mask[:, None, None, :start + n]                          # (B, 1, 1, t)
         self_mask = causal_mask(start, n, tokens.device) & key_mask                   # (B, 1, n, t)
-        y = record_as(record, "tgt_embed", self.embed(self.embedding, tokens, start))
-        y = record_as(record, "decoder.out", self.decoder(y, cache, self_mask, record))
-        return self.output_projection(y)
+        y = record("tgt_embed", self.embed(self.embedding, tokens, start))
+        y = record("decoder.out", self.decoder(y, cache, self_mask))
+        return record("logits", self.output_projection(y))

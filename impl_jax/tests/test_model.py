@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import impl_jax
+from impl_jax import layers
 from impl_jax import model as M
 from spec import reference as ref
 from spec import shapes
@@ -102,6 +103,19 @@ def test_intermediates_are_named_and_shaped_as_the_spec_says(tiny, tokens):
     assert sorted(inter) == sorted(want)
     for name, (shape, dtype) in want.items():
         assert inter[name].shape == shape and np.dtype(inter[name].dtype) == np_dtype(dtype), name
+
+
+def test_recording_collects_nothing_outside_the_forward(tiny, tokens):
+    """``record`` is a no-op while no ``recording`` is open, and a caller's ``recording`` around the model
+    collects nothing, even while the forward is traced: the jitted forward records into its own dict."""
+    x = jnp.ones(3)
+    with layers.scope("encoder"):
+        assert layers.record("x", x) is x
+    c = tiny.config
+    before = M._forward._cache_size()
+    with layers.recording() as rec:
+        tiny(tokens(c, 5, 3, 11), tokens(c, 6, 3, 9, bos=True))   # buckets (4, 16, 16): traced in the block
+    assert M._forward._cache_size() == before + 1 and rec == {}
 
 
 def test_causal_mask_and_key_padding(tiny, tokens):

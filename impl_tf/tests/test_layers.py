@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl_tf
-from impl_tf.layers import _tensordot
+from impl_tf.layers import _tensordot, record, recording, scope
 from spec import reference as ref
 from spec.numerics import Numerics
 
@@ -66,3 +66,17 @@ def test_layer_norm_statistics_in_fp32(model):
     p = {f"n.{k}": v.numpy().astype(np.float64) for k, v in (("scale", norm.scale), ("bias", norm.bias))}
     want = ref.layer_norm(p, "n", x.astype(np.float64), norm.eps, Numerics("bfloat16"))
     np.testing.assert_array_equal(got, want)
+
+
+def test_record_collects_only_while_recording(model):
+    """Outside ``recording``, ``record`` returns its tensor and stores it nowhere; inside, a layer run eagerly
+    records under the names its ``scope`` completes."""
+    x = tf.constant(np.ones((1, 3, model.config.d_model), BF16))
+    with recording() as rec:
+        pass
+    assert record("out", x) is x
+    assert rec == {}
+    mask = tf.ones((1, 1, 1, 3), tf.bool)
+    with recording() as rec, scope("encoder.layers.0"):
+        model.encoder.layers[0](x, mask)
+    assert sorted(rec) == [f"encoder.layers.0.{s}" for s in ("ffn", "ffn.residual", "self_attn", "self_attn.residual")]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import impl_torch
-from impl_torch.layers import layer_norm, project
+from impl_torch.layers import layer_norm, project, record, recording, scope
 from spec import TINY
 from spec.numerics import BF16
 
@@ -97,6 +97,23 @@ def test_sublayer_connection_post_and_pre_norm(tiny):
     torch.testing.assert_close(post(x, lambda h: y), post.add_norm(x, y), rtol=0, atol=0)     # LayerNorm(x + y)
     sub = lambda h: h * 2                                                                    # noqa: E731
     torch.testing.assert_close(pre(x, sub), x + sub(layer_norm(x, pre.scale, pre.bias, pre.eps)), rtol=0, atol=0)
+
+
+def test_record_is_a_no_op_outside_recording_and_scopes_nest_inside(tiny):
+    x = _bf16(2, 3, 32, seed=12)
+    with scope("outer"):
+        assert record("x", x) is x                                          # not recording: nothing is kept
+    with recording() as rec:
+        pass
+    assert rec == {}                                                        # a block that records nothing
+    with recording() as rec:
+        record("top", x)
+        with scope("encoder"), scope("layers.0"):
+            record("out", x)
+        tiny().encoder.layers[0].ffn_norm(x, lambda h: h, "ffn")           # a layer records relative names
+    assert rec.keys() == {"top", "encoder.layers.0.out", "ffn", "ffn.residual"} and rec["top"] is x
+    record("after", x)
+    assert "after" not in rec                                               # the block has closed
 
 
 def _flags():

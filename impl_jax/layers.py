@@ -6,7 +6,7 @@ bf16 once, after its bias; attention scores, softmax and LayerNorm statistics
 stay fp32. In fp32 mode the same code runs in fp32 with ``Precision.HIGHEST``
 so no product runs as TF32 or bf16 passes on an accelerator.
 
-Layers ``record`` named intermediates (``spec.shapes.intermediates``); they are
+Layers ``record`` named intermediates (``spec.shapes.intermediates``, ``spec.recording``); they are
 kept only inside a ``recording`` block, by the name joined to the enclosing
 ``scope``s. Under ``jit`` this happens at trace time: the traced function opens
 the block and returns the dict of tracers.
@@ -14,9 +14,7 @@ the block and returns the dict of tracers.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +23,7 @@ from jax import lax
 
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
+from spec.recording import record
 
 Params = dict
 F32 = jnp.float32
@@ -33,42 +32,6 @@ F32 = jnp.float32
 def einsum_f32(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """einsum with fp32 accumulation and result; HIGHEST pins fp32 operands to true fp32 products."""
     return jnp.einsum(eq, a, b, preferred_element_type=F32, precision=lax.Precision.HIGHEST)
-
-
-# ----------------------------------------------------------------- intermediates
-# Context variables, not arguments, so that no production signature carries the recording.
-
-_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("impl_jax.recording", default=None)
-_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("impl_jax.scope", default="")
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[dict[str, jax.Array]]:
-    """Collect the tensors ``record``ed in the block by canonical name (``spec.shapes.intermediates``)."""
-    rec: dict[str, jax.Array] = {}
-    token = _RECORDING.set(rec)
-    try:
-        yield rec
-    finally:
-        _RECORDING.reset(token)
-
-
-@contextlib.contextmanager
-def scope(prefix: str) -> Iterator[None]:
-    """Names recorded in the block are prefixed with ``prefix + "."`` (nested scopes join with dots)."""
-    token = _SCOPE.set(f"{_SCOPE.get()}{prefix}.")
-    try:
-        yield
-    finally:
-        _SCOPE.reset(token)
-
-
-def record(name: str, x: jax.Array) -> jax.Array:
-    """``x``; while ``recording``, also stored under the scoped name (a no-op otherwise)."""
-    rec = _RECORDING.get()
-    if rec is not None:
-        rec[_SCOPE.get() + name] = x
-    return x
 
 
 # ----------------------------------------------------------------- layers

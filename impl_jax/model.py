@@ -39,6 +39,7 @@ from impl_jax import layers
 from spec import validate
 from spec.config import Config
 from spec.init import init_params
+from spec.recording import record, recording, scope
 
 Params = dict
 Ids = Any  # token ids (B, L): a nested list, a NumPy array, a jax.Array, or a tracer inside the caller's jit
@@ -166,14 +167,14 @@ def _causal_mask(start: jax.Array | int, n: int, capacity: int) -> jax.Array:
 def encoder_stack(params: Params, src: jax.Array, config: Config) -> jax.Array:
     """Encoder (section 3.1): src (B, S) int -> memory (B, S, D); key padding from ``pad_id``."""
     mask = (src != config.pad_id)[:, None, None, :]                               # (B, 1, 1, S) key padding
-    x = layers.record("src_embed", layers.embedding(params["embedding"], src, config))  # (B, S, D)
+    x = record("src_embed", layers.embedding(params["embedding"], src, config))  # (B, S, D)
     enc = params["encoder"]
     for i, p in enumerate(enc["layers"]):
-        with layers.scope(f"encoder.layers.{i}"):
-            x = layers.record("out", layers.encoder_layer(p, x, mask, config))
+        with scope(f"encoder.layers.{i}"):
+            x = record("out", layers.encoder_layer(p, x, mask, config))
     if config.norm_first:
         x = layers.layer_norm(enc["final_norm"], x, config.layer_norm_eps)
-    return layers.record("encoder.out", x)
+    return record("encoder.out", x)
 
 
 def empty_cache(params: Params, memory: jax.Array, src: jax.Array, capacity: int, config: Config) -> KVCache:
@@ -196,17 +197,17 @@ def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Con
     key_mask = jax.lax.dynamic_update_slice_in_dim(cache.key_mask, tokens != config.pad_id, start, axis=1)
     self_mask = _causal_mask(start, n, cache.capacity) & key_mask[:, None, None, :]   # (B, 1, n, P)
     memory_mask = cache.memory_mask[:, None, None, :]                                # (B, 1, 1, S)
-    y = layers.record("tgt_embed", layers.embedding(params["embedding"], tokens, config, start))
+    y = record("tgt_embed", layers.embedding(params["embedding"], tokens, config, start))
     dec, self_kv = params["decoder"], []
     for i, p in enumerate(dec["layers"]):
-        with layers.scope(f"decoder.layers.{i}"):
+        with scope(f"decoder.layers.{i}"):
             y, kv = layers.decoder_layer(p, y, cache.self_kv[i], cache.memory_kv[i], self_mask, memory_mask,
                                          start, config)
-            layers.record("out", y)
+            record("out", y)
         self_kv.append(kv)
     if config.norm_first:
         y = layers.layer_norm(dec["final_norm"], y, config.layer_norm_eps)
-    logits = layers.record("logits", output_logits(params, layers.record("decoder.out", y)))
+    logits = record("logits", output_logits(params, record("decoder.out", y)))
     return logits, KVCache(tuple(self_kv), key_mask, cache.memory_kv, cache.memory_mask, start + n)
 
 
@@ -219,7 +220,7 @@ def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, 
     params = cast_params(params, config)
     # Recording runs here, at trace time, into this trace's own dict, with or without intermediates: a
     # caller's open ``recording`` never catches these tracers (which would leak, and only on the first trace).
-    with layers.recording() as rec:
+    with recording() as rec:
         memory = encoder_stack(params, src, config)
         cache = empty_cache(params, memory, src, tgt_in.shape[1], config)  # capacity T: one code path with decode
         logits, _ = decoder_stack(params, tgt_in, cache, config)

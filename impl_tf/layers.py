@@ -15,16 +15,15 @@ fp32 (same result, slower). Layers therefore run eagerly or inside ``tf.function
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
+from spec.recording import record
 
 
 def _matmul_fp32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tensor:
@@ -53,44 +52,6 @@ def _tensordot(x: tf.Tensor, w: tf.Tensor, axes: int = 1, bias: tf.Tensor | None
 def _variable(params: dict[str, np.ndarray], name: str) -> tf.Variable:
     """The canonical parameter ``name`` as a tf.Variable of its stored dtype, named after it."""
     return tf.Variable(params[name], name=name, trainable=True)
-
-
-# ----------------------------------------------------------------- intermediates
-# A forward with intermediates collects tensors by canonical name without an argument threaded through every
-# layer: layers ``record`` names relative to the ``scope`` their stack opens. Inside ``tf.function`` this runs
-# while tracing, so the traced function returns the dict of symbolic tensors as part of its output.
-
-_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("impl_tf.recording", default=None)
-_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("impl_tf.scope", default="")
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[dict[str, tf.Tensor]]:
-    """Collect the tensors ``record``ed in the block by canonical name (``spec.shapes.intermediates``)."""
-    rec = {}
-    token = _RECORDING.set(rec)
-    try:
-        yield rec
-    finally:
-        _RECORDING.reset(token)
-
-
-@contextlib.contextmanager
-def scope(prefix: str) -> Iterator[None]:
-    """Names recorded in the block are prefixed with ``prefix + "."`` (nested scopes join with dots)."""
-    token = _SCOPE.set(f"{_SCOPE.get()}{prefix}.")
-    try:
-        yield
-    finally:
-        _SCOPE.reset(token)
-
-
-def record(name: str, x: tf.Tensor) -> tf.Tensor:
-    """``x``; while ``recording``, also stored under the scoped name (a no-op otherwise)."""
-    rec = _RECORDING.get()
-    if rec is not None:
-        rec[_SCOPE.get() + name] = x
-    return x
 
 
 # ----------------------------------------------------------------- embedding

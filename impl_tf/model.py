@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.layers import DecoderLayer, Embedding, EncoderLayer, LayerNorm, record, recording, scope, write_kv
+from impl_tf.layers import DecoderLayer, Embedding, EncoderLayer, LayerNorm, write_kv
 from spec import shapes, validate
 from spec.config import Config
 from spec.init import init_params
+from spec.recording import record, recording, scope
 from spec.schema import param_specs
 
 IDS = tf.TensorSpec([None, None], tf.int32)

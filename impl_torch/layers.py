@@ -11,7 +11,6 @@ rounded to the activation dtype once, after its bias; ``project`` is the one pla
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 from collections.abc import Callable, Iterator
 
@@ -21,6 +20,7 @@ from torch import Tensor, nn
 
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
+from spec.recording import record
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -64,44 +64,6 @@ def contract_numerics() -> Iterator[None]:
         yield
     finally:
         matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction = before
-
-
-# ----------------------------------------------------------------- intermediates
-# Context variables rather than a parameter threaded through every layer: production signatures stay free of
-# bookkeeping, and ``record`` costs one lookup when nothing is recording.
-
-_RECORDING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("impl_torch.recording", default=None)
-_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("impl_torch.scope", default="")
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[dict[str, Tensor]]:
-    """Collect the tensors ``record``ed in the block by canonical name (``spec.shapes.intermediates``)."""
-    rec: dict[str, Tensor] = {}
-    token = _RECORDING.set(rec)
-    try:
-        yield rec
-    finally:
-        _RECORDING.reset(token)
-
-
-@contextlib.contextmanager
-def scope(prefix: str) -> Iterator[None]:
-    """Names recorded in the block are prefixed with ``prefix + "."`` (nested scopes join with dots)."""
-    outer = _SCOPE.get()
-    token = _SCOPE.set(f"{outer}{prefix}.")
-    try:
-        yield
-    finally:
-        _SCOPE.reset(token)
-
-
-def record(name: str, x: Tensor) -> Tensor:
-    """``x``; while ``recording``, also stored under the scoped name (a no-op otherwise)."""
-    rec = _RECORDING.get()
-    if rec is not None:
-        rec[_SCOPE.get() + name] = x
-    return x
 
 
 # ----------------------------------------------------------------- embedding

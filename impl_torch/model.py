@@ -25,12 +25,10 @@ from impl_torch.layers import (
     EncoderLayer,
     LayerNorm,
     project,
-    record,
-    recording,
-    scope,
 )
 from spec import validate
 from spec.config import Config
+from spec.recording import record, recording, scope
 
 Ids = Tensor | np.ndarray | Sequence[Sequence[int]]  # token ids (B, L), any integer dtype
 

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 import impl_jax
-from impl_jax import layers
 from impl_jax import model as M
 from spec import reference as ref
 from spec import shapes
 from spec.config import TINY
 from spec.init import init_params
 from spec.numerics import Numerics, np_dtype
+from spec.recording import record, recording, scope
 
 
 def _tol(c) -> float:
@@ -109,11 +109,11 @@ def test_recording_collects_nothing_outside_the_forward(tiny, tokens):
     """``record`` is a no-op while no ``recording`` is open, and a caller's ``recording`` around the model
     collects nothing, even while the forward is traced: the jitted forward records into its own dict."""
     x = jnp.ones(3)
-    with layers.scope("encoder"):
-        assert layers.record("x", x) is x
+    with scope("encoder"):
+        assert record("x", x) is x
     c = tiny.config
     before = M._forward._cache_size()
-    with layers.recording() as rec:
+    with recording() as rec:
         tiny(tokens(c, 5, 3, 11), tokens(c, 6, 3, 9, bos=True))   # buckets (4, 16, 16): traced in the block
     assert M._forward._cache_size() == before + 1 and rec == {}
 

@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl_tf
-from impl_tf.layers import _tensordot, record, recording, scope
+from impl_tf.layers import _tensordot
 from spec import reference as ref
 from spec.numerics import Numerics
+from spec.recording import record, recording, scope
 
 BF16 = ml_dtypes.bfloat16
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import impl_torch
-from impl_torch.layers import layer_norm, project, record, recording, scope
+from impl_torch.layers import layer_norm, project
 from spec import TINY
 from spec.numerics import BF16
+from spec.recording import record, recording, scope
 
 
 def _bf16(*shape, seed=0, scale=1.0):

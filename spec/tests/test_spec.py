@@ -134,3 +134,16 @@ def test_tolerance_judge():
 
 def test_golden_files_reproduce_bit_for_bit():
     assert golden_cases.check() == []
+
+
+def test_recording_scopes_and_no_op():
+    from spec.recording import record, recording, scope
+    x = object()
+    with scope("encoder"):
+        assert record("out", x) is x                       # nothing records: a no-op
+    with recording() as outer:
+        with scope("encoder"), scope("layers.0"):
+            record("out", x)
+        with recording() as inner:
+            record("logits", x)
+    assert outer == {"encoder.layers.0.out": x} and inner == {"logits": x}

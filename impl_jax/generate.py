@@ -9,7 +9,7 @@ flag, which a library must not set). Pad and BOS are never generated
 (``forbid_special``). JAX here has no dropout: search is always in evaluation mode.
 
 Shapes are static and limits are data, and the shapes are bucketed
-(``batch_bucket``, ``length_bucket`` of ``impl_jax.model``): the batch is padded to the
+(``spec.shapes.batch_bucket``, ``length_bucket``): the batch is padded to the
 next power of two with rows of ``pad_id`` (limit 1, dropped from the result),
 the source to its length bucket with ``pad_id`` (masked keys), and the cache
 capacity P is the bucket of the longest limit. So each (batch bucket, source
@@ -38,16 +38,14 @@ from impl_jax.model import (
     Ids,
     KVCache,
     Transformer,
-    batch_bucket,
     cast_params,
     decoder_stack,
     empty_cache,
     encoder_stack,
-    length_bucket,
     log,
     padded_ids,
 )
-from spec import validate
+from spec import shapes, validate
 from spec.config import Config
 
 if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
@@ -65,8 +63,8 @@ def _bucketed(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[
     (``validate.generation_limits`` checked the limits against max_len).
     """
     c, (B, S) = model.config, src.shape
-    Bb, capacity = batch_bucket(B), length_bucket(int(limits.max()), c.max_len)
-    return (padded_ids(src, src, Bb, length_bucket(S, c.max_len), c.pad_id),
+    Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(int(limits.max()), c.max_len)
+    return (padded_ids(src, src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
             jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)
 
 

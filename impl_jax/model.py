@@ -14,7 +14,7 @@ Below it is the functional layer the methods call, for those who want it:
 argument of every jitted function: ``Config`` is frozen and hashable.
 
 Compilation is bounded: ``forward`` and ``encode`` pad the batch to the next
-power of two and the lengths to buckets (``length_bucket``), so a stream of
+power of two and the lengths to buckets (``spec.shapes.length_bucket``), so a stream of
 varying shapes compiles a few programs, not one per shape. Each new
 compilation logs one line at INFO on the ``"impl_jax"`` logger.
 
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from impl_jax import layers
-from spec import validate
+from spec import shapes, validate
 from spec.config import Config
 from spec.init import init_params
 from spec.recording import record, recording, scope
@@ -124,16 +124,6 @@ def device_ids(ids: Ids, host: np.ndarray) -> jax.Array:
     return jnp.asarray(ids if isinstance(ids, jax.core.Tracer) else host, jnp.int32)
 
 
-def length_bucket(n: int, max_len: int) -> int:
-    """The padded length for n <= max_len positions: the next power of two, at least 8, at most ``max_len``."""
-    return min(max(8, 1 << (n - 1).bit_length()), max_len)
-
-
-def batch_bucket(b: int) -> int:
-    """The padded batch for b rows: the next power of two."""
-    return 1 << (b - 1).bit_length()
-
-
 def padded_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int) -> jax.Array:
     """Validated ids (B, L) as int32 (batch, length), the new rows and positions ``pad_id``.
 
@@ -143,10 +133,10 @@ def padded_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int)
     rows, all padding, attend uniformly over masked keys (finite) and are dropped.
     Concrete ids are padded on the host (no XLA program per shape).
     """
-    widths = ((0, batch - host.shape[0]), (0, length - host.shape[1]))
     if isinstance(ids, jax.core.Tracer):
+        widths = ((0, batch - host.shape[0]), (0, length - host.shape[1]))
         return jnp.pad(ids.astype(jnp.int32), widths, constant_values=pad_id)
-    return jnp.asarray(np.pad(host, widths, constant_values=pad_id), jnp.int32)
+    return jnp.asarray(shapes.pad_ids(host, batch, length, pad_id))
 
 
 # ----------------------------------------------------------------- traceable stacks
@@ -259,7 +249,7 @@ def encode(params: Params, config: Config, src: Ids) -> jax.Array:
     host = host_ids(src, config)
     validate.check_source(host, config)
     B, S = host.shape
-    src = padded_ids(src, host, batch_bucket(B), length_bucket(S, config.max_len), config.pad_id)
+    src = padded_ids(src, host, shapes.batch_bucket(B), shapes.length_bucket(S, config.max_len), config.pad_id)
     return _encode_jit(params, src, config)[:B, :S]
 
 
@@ -299,11 +289,6 @@ def decode(params: Params, config: Config, tokens: Ids, cache: KVCache) -> tuple
     return _decode_jit(params, device_ids(tokens, host), cache, config)
 
 
-def _source_side(name: str) -> bool:
-    """Whether an intermediate of ``spec.shapes.intermediates`` runs over source positions (else target)."""
-    return name == "src_embed" or name.startswith("encoder")
-
-
 def forward(params: Params, config: Config, src: Ids, tgt_in: Ids, intermediates: bool = False):
     """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
 
@@ -319,13 +304,14 @@ def forward(params: Params, config: Config, src: Ids, tgt_in: Ids, intermediates
     src_host, tgt_host = host_ids(src, config), host_ids(tgt_in, config)
     validate.check_forward(src_host, tgt_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
-    Bb = batch_bucket(B)
-    src = padded_ids(src, src_host, Bb, length_bucket(S, config.max_len), config.pad_id)
-    tgt_in = padded_ids(tgt_in, tgt_host, Bb, length_bucket(T, config.max_len), config.pad_id)
+    Bb = shapes.batch_bucket(B)
+    src = padded_ids(src, src_host, Bb, shapes.length_bucket(S, config.max_len), config.pad_id)
+    tgt_in = padded_ids(tgt_in, tgt_host, Bb, shapes.length_bucket(T, config.max_len), config.pad_id)
     logits, rec = _forward(params, src, tgt_in, config, bool(intermediates))
     if not intermediates:
         return logits[:B, :T]
-    return logits[:B, :T], {k: v[:B, :S] if _source_side(k) else v[:B, :T] for k, v in rec.items()}
+    want = shapes.intermediates(config, B, S, T)  # name -> ((B, S or T, ...), dtype)
+    return logits[:B, :T], {name: x[:B, :want[name][0][1]] for name, x in rec.items()}
 
 
 # ----------------------------------------------------------------- the model

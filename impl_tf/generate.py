@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.model import IDS, Transformer, bucket, length_bucket, pad_ids
-from spec import validate
+from impl_tf.model import IDS, Transformer, pad_ids
+from spec import shapes, validate
 
 if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
     from jaxtyping import Int
@@ -43,11 +43,12 @@ def _padded(model: Transformer, function: str, src: np.ndarray, limits: np.ndarr
     and a (B', P) ``pad_id``-filled output whose P, the bucket of the longest limit, fixes the cache capacity.
     Logs ``function``'s compilation if the shape is new."""
     c = model.config
-    size = (bucket(src.shape[0]), length_bucket(src.shape[1], c), length_bucket(int(limits.max()), c))
+    size = (shapes.batch_bucket(src.shape[0]), shapes.length_bucket(src.shape[1], c.max_len),
+            shapes.length_bucket(int(limits.max()), c.max_len))
     model._compiling(function, size, f"batch {size[0]}, source length {size[1]}, capacity {size[2]} (buckets)")
     padded_limits = np.ones(size[0], np.int32)  # an added row stops after one token
     padded_limits[:len(limits)] = limits
-    return pad_ids(src, size[:2], c.pad_id), tf.constant(padded_limits), tf.fill([size[0], size[2]], c.pad_id)
+    return pad_ids(src, *size[:2], c.pad_id), tf.constant(padded_limits), tf.fill([size[0], size[2]], c.pad_id)
 
 
 def _length_penalty(length: tf.Tensor, alpha: tf.Tensor) -> tf.Tensor:

@@ -6,12 +6,9 @@ cache; incremental decoding is T calls of one token. Hot paths run as ``tf.funct
 shape-polymorphic input signatures: traced once, compiled by XLA once per concrete shape.
 
 So that varying shapes compile a bounded number of programs, the forward, ``encode`` and the searches pad their
-inputs to buckets (``bucket``) and slice the padding off their results: the batch to the next power of two,
-lengths to the next power of two, at least 8, at most ``config.max_len``. The padding changes no real result:
-padded source positions are ``pad_id``, so the key padding mask gives them exactly zero weight
-(``exp(MASKED_SCORE - max)`` underflows to 0); padded target positions come after the real ones, which the causal
-mask keeps them from affecting; added batch rows are all ``pad_id`` (every key masked: a finite, uniform
-attention) and are dropped. ``init_cache`` and ``decode`` are not padded: their capacity is the caller's choice.
+inputs to buckets (``spec.shapes.batch_bucket``, ``length_bucket``; why the padding changes no real result is
+written there) and slice the padding off their results. ``init_cache`` and ``decode`` are not padded: their
+capacity is the caller's choice.
 Each shape compiled for the first time logs one line at INFO on the ``"impl_tf"`` logger.
 """
 
@@ -70,22 +67,9 @@ def as_ids(ids) -> tf.Tensor:
     return tf.constant(np.asarray(ids).astype(np.int32))
 
 
-def bucket(n: int, cap: int | None = None, floor: int = 1) -> int:
-    """The next power of two >= n, at least ``floor``, at most ``cap``: the size a dimension of n is padded to."""
-    size = max(floor, 1 << (n - 1).bit_length())
-    return size if cap is None else min(size, cap)
-
-
-def length_bucket(n: int, c: Config) -> int:
-    """The bucket of a source or target length n <= ``c.max_len``: a power of two, at least 8, at most max_len."""
-    return bucket(n, c.max_len, 8)
-
-
-def pad_ids(ids: np.ndarray, shape: tuple[int, int], pad_id: int) -> tf.Tensor:
-    """Checked token ids (B, L) in the top left corner of a ``shape`` array of ``pad_id``, as an int32 tensor."""
-    out = np.full(shape, pad_id, np.int32)
-    out[:ids.shape[0], :ids.shape[1]] = ids
-    return tf.constant(out)
+def pad_ids(ids: np.ndarray, batch: int, length: int, pad_id: int) -> tf.Tensor:
+    """Checked token ids (B, L) padded to (batch, length) with ``pad_id`` (``spec.shapes.pad_ids``), int32."""
+    return tf.constant(shapes.pad_ids(ids, batch, length, pad_id))
 
 
 class Encoder(tf.Module):
@@ -238,10 +222,10 @@ class Transformer(tf.Module):
         c = self.config
         validate.check_forward(src, tgt_in, c)
         (B, S), T = src.shape, tgt_in.shape[1]
-        size = (bucket(B), length_bucket(S, c), length_bucket(T, c))
+        size = (shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len))
         function = "forward with intermediates" if intermediates else "forward"
         self._compiling(function, size, f"batch {size[0]}, source length {size[1]}, target length {size[2]} (buckets)")
-        src, tgt_in = pad_ids(src, size[:2], c.pad_id), pad_ids(tgt_in, (size[0], size[2]), c.pad_id)
+        src, tgt_in = pad_ids(src, *size[:2], c.pad_id), pad_ids(tgt_in, size[0], size[2], c.pad_id)
         if not intermediates:
             return self._forward(src, tgt_in)[:B, :T]
         logits, rec = self._forward_rec(src, tgt_in)
@@ -258,9 +242,9 @@ class Transformer(tf.Module):
         """
         src, c = np.asarray(src), self.config
         validate.check_source(src, c)
-        (B, S), size = src.shape, (bucket(src.shape[0]), length_bucket(src.shape[1], c))
+        (B, S), size = src.shape, (shapes.batch_bucket(src.shape[0]), shapes.length_bucket(src.shape[1], c.max_len))
         self._compiling("encode", size, f"batch {size[0]}, source length {size[1]} (buckets)")
-        return self._encode(pad_ids(src, size, c.pad_id))[:B, :S]
+        return self._encode(pad_ids(src, *size, c.pad_id))[:B, :S]
 
     def init_cache(self, memory: Float[tf.Tensor, "B S D"], src, capacity: int) -> KVCache:
         """An empty ``KVCache`` for ``capacity`` target positions (P); the cross-attention K/V of memory (B, S, D)

@@ -182,7 +182,7 @@ class Transformer(nn.Module):
         self._assign(params)
 
     @classmethod
-    def _holding(cls, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None
+    def _of(cls, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None
                  ) -> Transformer:
         """A model holding ``params`` (checked by ``spec.weights_io.check_params``), built without drawing the
         seed's initialisation first (1.4 s for ``base``)."""

@@ -26,7 +26,7 @@ def from_params(config: Config, params: dict[str, np.ndarray], *, device: torch.
         ValueError: from ``spec.weights_io.check_params``, naming the offending tensor.
     """
     spec.weights_io.check_params(config, params)
-    return Transformer._holding(config, params, device).eval()
+    return Transformer._of(config, params, device).eval()
 
 
 def params_of(model: Transformer) -> dict[str, np.ndarray]:

@@ -8,6 +8,8 @@ shapes and dtypes, and ``intermediates`` lists what a full forward records.
 
 from __future__ import annotations
 
+import numpy as np
+
 from spec.config import Config
 
 Entry = tuple[tuple[str | int, ...], str]
@@ -84,4 +86,26 @@ def intermediates(c: Config, B: int, S: int, T: int) -> dict[str, tuple[tuple[in
         out[f"decoder.layers.{i}.out"] = ((B, T, c.d_model), act)
     out["decoder.out"] = ((B, T, c.d_model), act)
     out["logits"] = ((B, T, c.vocab_size), "float32")
+    return out
+
+
+# Shape buckets: a compiling backend (jax, tf) pads its inputs to these sizes so that varying shapes compile a
+# bounded number of programs. Padding changes no real result: padded source keys are pad_id (masked, exactly zero
+# weight), padded target positions come after the real ones (the causal mask hides them), added batch rows are
+# all pad_id (every key masked: a finite, uniform attention) and are dropped with the padded positions.
+
+def batch_bucket(b: int) -> int:
+    """The padded batch for b >= 1 rows: the next power of two."""
+    return 1 << (b - 1).bit_length()
+
+
+def length_bucket(n: int, max_len: int) -> int:
+    """The padded length for 1 <= n <= max_len positions: the next power of two, at least 8, at most max_len."""
+    return min(max(8, 1 << (n - 1).bit_length()), max_len)
+
+
+def pad_ids(ids: np.ndarray, batch: int, length: int, pad_id: int) -> np.ndarray:
+    """Token ids (B, L) in the top left corner of a (batch, length) int32 array of ``pad_id``."""
+    out = np.full((batch, length), pad_id, np.int32)
+    out[:ids.shape[0], :ids.shape[1]] = ids
     return out

@@ -180,12 +180,6 @@ def test_bad_input_raises_before_tracing(tiny, call, pattern, tokens):
     assert (M._forward._cache_size(), M._decode_jit._cache_size()) == before
 
 
-@pytest.mark.parametrize("n, want", [(1, 8), (3, 8), (8, 8), (9, 16), (33, 64), (64, 64)])
-def test_length_buckets(n, want):
-    assert M.length_bucket(n, 64) == want
-    assert M.length_bucket(n, 40) == min(want, 40)
-
-
 def test_forward_compiles_once_per_bucket_and_logs_it(tiny, tokens, caplog):
     c = tiny.config
     before = M._forward._cache_size()

@@ -147,3 +147,17 @@ def test_recording_scopes_and_no_op():
         with recording() as inner:
             record("logits", x)
     assert outer == {"encoder.layers.0.out": x} and inner == {"logits": x}
+
+
+@pytest.mark.parametrize("n, want", [(1, 8), (3, 8), (8, 8), (9, 16), (33, 64), (64, 64)])
+def test_length_buckets(n, want):
+    from spec.shapes import length_bucket
+    assert length_bucket(n, 64) == want
+    assert length_bucket(n, 40) == min(want, 40)
+
+
+def test_batch_buckets_and_padding():
+    from spec.shapes import batch_bucket, pad_ids
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 16]
+    out = pad_ids(np.array([[5, 6], [7, 2]]), 4, 3, 0)
+    assert out.dtype == np.int32 and out.tolist() == [[5, 6, 0], [7, 2, 0], [0, 0, 0], [0, 0, 0]]

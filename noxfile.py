@@ -1,7 +1,9 @@
-"""Sessions: conformance (per backend, then one combined report), tests, mutants, golden, lint.
+"""Sessions: conformance (per backend, then one combined report), bench, tests, mutants, golden, lint.
 
     nox -s conformance                              # every backend that has an adapter
     nox -s "conformance(backend='reference')"       # one backend
+    nox -s bench                                    # speed: every framework, then the report and README section
+    nox -s "bench(framework='jax')" -- --workloads forward --batch 16   # one framework, options to the bench
     nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, README examples
     nox -s golden                                   # rewrite spec/golden
     nox -s golden -- --check                        # regenerate in a temp dir, compare bit for bit
@@ -21,6 +23,7 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # A backend exists once the conformance suite has an adapter for it.
 BACKENDS = [b for b in ("reference", "torch", "jax", "tf") if (ROOT / f"conformance/adapters/backend_{b}.py").exists()]
 PACKAGES = {"reference": [], "torch": ["./impl_torch"], "jax": ["./impl_jax"], "tf": ["./impl_tf[cpu]"]}
+PEERS = {"reference": [], "torch": [], "jax": ["flax"], "tf": []}  # the bench's stock peers; Keras ships with TF
 EXTRAS = {"impl_tf": "[cpu]"}  # impl_tf leaves the TensorFlow build to the user; CI takes the CPU one
 # One folder per nox invocation, so the combined report shows this run's backends only.
 REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
@@ -32,7 +35,7 @@ nox.options.sessions = ["conformance"]
 @nox.parametrize("backend", BACKENDS)
 def conformance(session: nox.Session, backend: str) -> None:
     """The conformance suite for one backend, in a virtualenv holding only that backend's framework."""
-    session.install(*CONSTRAINTS, "./spec", "./conformance", *PACKAGES[backend])
+    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]", *PACKAGES[backend], *PEERS[backend])
     session.notify("report")
     # --pyargs runs the installed suite against the installed packages, so packaging mistakes show.
     session.run("pytest", "--pyargs", "conformance", "--backend", backend, "--report-dir", str(REPORTS),
@@ -47,6 +50,28 @@ def report(session: nox.Session) -> None:
         session.skip("no conformance report from this run")
     session.install("rich")
     session.run("python", "conformance/report.py", *map(str, files), "--out", str(REPORTS))
+
+
+@nox.session
+@nox.parametrize("framework", [b for b in BACKENDS if b != "reference"])
+def bench(session: nox.Session, framework: str) -> None:
+    """Speed of one framework's impl beside its stock peer (``conformance.bench.run``), in a virtualenv holding
+    only that framework; arguments after ``--`` go to the bench (``--device cuda``, ``--workloads forward``...)."""
+    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]", *PACKAGES[framework], *PEERS[framework])
+    session.notify("bench_report")
+    session.run("python", "-m", "conformance.bench.run", "--framework", framework, "--out", str(REPORTS / "bench"),
+                *session.posargs)
+
+
+@nox.session
+def bench_report(session: nox.Session) -> None:
+    """This run's bench files merged: JSON, Markdown, charts; after a full run, the README's speed section."""
+    files = sorted((REPORTS / "bench").glob("bench-*.json"))
+    if not files:
+        session.skip("no bench file from this run")
+    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]")
+    session.run("python", "-m", "conformance.bench.report", *map(str, files), "--out", str(REPORTS / "bench"),
+                "--readme", str(ROOT / "README.md"))
 
 
 @nox.session

@@ -1,0 +1,165 @@
+"""The jax bench: ``impl_jax`` and Flax's stock Transformer parts (``flax.nnx``), for ``conformance.bench.run``.
+
+Every function returns a subject (or a zero-argument call) whose methods return only once the device is done
+(``block_until_ready``; NumPy results are already on the host). Shapes: B batch, S source, T target length,
+V vocabulary, D d_model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import impl_jax
+from conformance.bench.common import clock
+from spec.config import Config
+
+
+def setup(device: str) -> dict[str, Any]:
+    """Pin JAX to ``device`` ("cpu", or "cuda": JAX's GPU platform) with true fp32 products (no TF32) for the
+    bench process; the environment to record: versions and the device's name."""
+    import flax
+    import jaxlib
+
+    jax.config.update("jax_platforms", "cpu" if device == "cpu" else "cuda")
+    jax.config.update("jax_default_matmul_precision", "highest")
+    dev = jax.devices()[0]
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "device_name": dev.device_kind, "platform_version": dev.client.platform_version}
+
+
+def matmul(dtype: str, device: str, M: int, K: int, N: int) -> Any:
+    """One jitted (M, K) x (K, N) product ``a @ b`` in ``dtype`` operands (bf16: XLA's native bf16 dot, bf16
+    result), synchronised."""
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(key_a, (M, K), jnp.float32).astype(dtype)  # (M, K)
+    b = jax.random.normal(key_b, (K, N), jnp.float32).astype(dtype)  # (K, N)
+    product = jax.jit(jnp.matmul)
+    return lambda: product(a, b).block_until_ready()                   # (M, N)
+
+
+class Ours:
+    """``impl_jax`` through its public API only (``spec.api``)."""
+
+    name = "impl_jax"
+
+    def __init__(self, config: Config, params: dict[str, np.ndarray]):
+        self.model, self.config, self.dtype = impl_jax.from_params(config, params), config, config.dtype
+
+    def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> None:
+        self.model(src, tgt_in).block_until_ready()                                  # (B, T, V) fp32
+
+    def greedy(self, src: np.ndarray, max_new_tokens: int) -> np.ndarray:
+        return impl_jax.greedy_search(self.model, src, max_new_tokens)               # (B, L) int64
+
+    def beam(self, src: np.ndarray, max_new_tokens: int, beam_size: int) -> np.ndarray:
+        return impl_jax.beam_search(self.model, src, beam_size, 0.6, max_new_tokens)  # (B, L) int64
+
+    def cached_steps(self, src: np.ndarray, n: int) -> list[float]:
+        cache = self.model.init_cache(self.model.encode(src), src, n)
+        tokens = jnp.full((src.shape[0], 1), self.config.bos_id, jnp.int32)        # (B, 1)
+        times = []
+        for _ in range(n):
+            start = clock()
+            logits, cache = self.model.decode(tokens, cache)                         # (B, 1, V)
+            tokens = jnp.argmax(logits[:, -1], axis=-1)[:, None].block_until_ready()  # (B, 1)
+            times.append(clock() - start)
+        return times
+
+    def recomputed_steps(self, src: np.ndarray, n: int) -> list[float]:
+        prefix = np.full((src.shape[0], 1), self.config.bos_id, np.int64)            # (B, t)
+        times = []
+        for _ in range(n):
+            start = clock()
+            logits = self.model(src, prefix)                                         # (B, t, V)
+            best = np.asarray(jnp.argmax(logits[:, -1], axis=-1))                    # (B,)
+            times.append(clock() - start)
+            prefix = np.concatenate([prefix, best[:, None]], axis=1)
+        return times
+
+
+def ours(config: Config, params: dict[str, np.ndarray], device: str) -> Ours:
+    """``impl_jax.from_params(config, params)`` on the default device (``setup`` pinned the platform)."""
+    return Ours(config, params)
+
+
+class FlaxPeer:
+    """Flax's stock parts as a Transformer (``flax.nnx``: the API Flax recommends for new code): an ``nnx.Embed``
+    shared by source and target with the tied output ``attend``, sinusoidal PE, post-LN layers of
+    ``nnx.MultiHeadAttention``, ``nnx.Linear`` and ``nnx.LayerNorm``, no dropout; the forward ``jax.jit``-compiled
+    over the split state. bf16 is the Flax idiom ``dtype=jnp.bfloat16`` (fp32 params, bf16 computation)."""
+
+    name = "flax.nnx.Transformer"
+
+    def __init__(self, config: Config):
+        from flax import nnx
+
+        c, self.dtype = config, config.dtype
+        dt, D, rngs = jnp.dtype(config.dtype), config.d_model, nnx.Rngs(0)
+        self.pad_id = c.pad_id
+
+        def attention():
+            return nnx.MultiHeadAttention(c.n_heads, D, qkv_features=c.n_heads * c.d_k, out_features=D,
+                                          dtype=dt, deterministic=True, decode=False, rngs=rngs)
+
+        def norm():
+            return nnx.LayerNorm(D, epsilon=c.layer_norm_eps, dtype=dt, rngs=rngs)
+
+        def ffn():
+            return nnx.Sequential(nnx.Linear(D, c.d_ff, dtype=dt, rngs=rngs), nnx.relu,
+                                  nnx.Linear(c.d_ff, D, dtype=dt, rngs=rngs))
+
+        class Layer(nnx.Module):
+            def __init__(self, cross: bool):
+                self.self_attn, self.self_norm, self.ffn, self.ffn_norm = attention(), norm(), ffn(), norm()
+                self.cross_attn, self.cross_norm = (attention(), norm()) if cross else (None, None)
+
+            def __call__(self, x, mask, memory=None, memory_mask=None):
+                x = self.self_norm(x + self.self_attn(x, mask=mask))
+                if self.cross_attn is not None:
+                    x = self.cross_norm(x + self.cross_attn(x, memory, mask=memory_mask))
+                return self.ffn_norm(x + self.ffn(x))
+
+        class Transformer(nnx.Module):
+            def __init__(self):
+                self.embed = nnx.Embed(c.vocab_size, D, dtype=dt, rngs=rngs)
+                self.encoder = nnx.List([Layer(False) for _ in range(c.n_encoder_layers)])
+                self.decoder = nnx.List([Layer(True) for _ in range(c.n_decoder_layers)])
+                self.pe = nnx.Variable(jnp.asarray(_sinusoids(c.max_len, D)))  # (max_len, D) fp32, not trained
+
+            def embed_tokens(self, ids):
+                x = self.embed(ids) * jnp.sqrt(jnp.asarray(D, dt))
+                return (x + self.pe[...][:ids.shape[1]]).astype(dt)           # (B, L, D)
+
+            def __call__(self, src, tgt):
+                src_keep = (src != c.pad_id)[:, None, None, :]                # (B, 1, 1, S)
+                T = tgt.shape[1]
+                causal = jnp.tril(jnp.ones((T, T), bool))[None, None] & (tgt != c.pad_id)[:, None, None, :]
+                x = self.embed_tokens(src)
+                for layer in self.encoder:
+                    x = layer(x, src_keep)
+                y = self.embed_tokens(tgt)
+                for layer in self.decoder:
+                    y = layer(y, causal, x, src_keep)
+                return self.embed.attend(y).astype(jnp.float32)               # (B, T, V)
+
+        graph, state = nnx.split(Transformer())
+        self.state = state
+        self._forward = jax.jit(lambda state, src, tgt: nnx.merge(graph, state)(src, tgt))
+
+    def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> None:
+        self._forward(self.state, jnp.asarray(src, jnp.int32), jnp.asarray(tgt_in, jnp.int32)).block_until_ready()
+
+
+def _sinusoids(length: int, d_model: int) -> np.ndarray:
+    """The paper's interleaved sin/cos table (section 3.5), (length, D) float32."""
+    angle = np.arange(length)[:, None] / 10000.0 ** (np.arange(0, d_model, 2)[None, :] / d_model)
+    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(length, d_model).astype(np.float32)
+
+
+def peer(config: Config, device: str) -> FlaxPeer:
+    """Flax's stock Transformer parts at ``config``'s sizes, in ``config.dtype``, with Flax's default init."""
+    return FlaxPeer(config)

@@ -1,0 +1,126 @@
+"""What every framework's bench shares: inputs, weights, the clock, the statistics and the record format.
+
+Framework-neutral (NumPy only). A framework module (``bench_torch``, ``bench_jax``, ``bench_tf``) builds
+``Subject``s, its own impl and its framework's stock peer; ``conformance.bench.run`` times them here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+import spec
+from spec.config import Config
+
+clock = time.perf_counter  # seconds; a subject synchronises its device before returning, so reads are honest
+
+
+def bench_params(config: Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """``spec.init_params(config, seed)`` with the EOS row of the shared embedding zeroed.
+
+    The EOS logit is then exactly 0 while the largest of the other V - 1 logits is positive, so no greedy or
+    beam hypothesis ever ends: every search runs ``max_new_tokens`` steps, the same count in every backend.
+    """
+    params = spec.init_params(config, seed)
+    params["embedding"][config.eos_id] = 0
+    return params
+
+
+def inputs(config: Config, B: int, S: int, T: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """src (B, S) and tgt_in (B, T) int64: ordinary tokens (no pad, BOS or EOS), tgt_in starting with BOS."""
+    rng = np.random.default_rng(seed)
+    low = 1 + max(config.pad_id, config.bos_id, config.eos_id)
+    src = rng.integers(low, config.vocab_size, (B, S))
+    tgt_in = rng.integers(low, config.vocab_size, (B, T))
+    tgt_in[:, 0] = config.bos_id
+    return src, tgt_in
+
+
+class Subject(Protocol):
+    """One model to time: our impl or a framework's stock Transformer. Every method returns only once the
+    device has finished (``torch.cuda.synchronize``, ``block_until_ready``, ``.numpy()``)."""
+
+    name: str   # "impl_torch", "torch.nn.Transformer", ...
+    dtype: str  # "bfloat16" or "float32": the activations' dtype
+
+    def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> None:
+        """Teacher-forced forward to logits (B, T, V) float32."""
+
+
+class Generator(Subject, Protocol):
+    """A subject that also decodes (our impls: ``spec.api``)."""
+
+    def greedy(self, src: np.ndarray, max_new_tokens: int) -> np.ndarray:
+        """The library's ``greedy_search``: tokens (B, L) int64."""
+
+    def beam(self, src: np.ndarray, max_new_tokens: int, beam_size: int) -> np.ndarray:
+        """The library's ``beam_search`` with alpha 0.6: tokens (B, L) int64."""
+
+    def cached_steps(self, src: np.ndarray, n: int) -> list[float]:
+        """Seconds of each of n greedy steps with the KV cache (``encode``, ``init_cache`` of capacity n, then
+        ``decode`` one token and argmax, n times), each step synchronised; encode and init_cache untimed."""
+
+    def recomputed_steps(self, src: np.ndarray, n: int) -> list[float]:
+        """Seconds of each of n greedy steps without a cache: step t runs ``model(src, prefix)`` on the t
+        tokens so far and takes the argmax of the last position, as a user without a KV cache would."""
+
+
+@dataclasses.dataclass
+class Timing:
+    """Wall-clock seconds: the first call (compilation included) apart from the repeats after it."""
+
+    first_s: float
+    times_s: list[float]
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.times_s))
+
+    def as_dict(self) -> dict[str, Any]:
+        t = np.asarray(self.times_s)
+        return {"first_s": self.first_s, "median_s": float(np.median(t)), "min_s": float(t.min()),
+                "max_s": float(t.max()), "repeats": len(t)}
+
+
+def measure(fn: Callable[[], Any], repeats: int, budget_s: float = 60.0) -> Timing:
+    """``measure_together`` of one function."""
+    return measure_together([fn], repeats, budget_s)[0]
+
+
+def measure_together(fns: list[Callable[[], Any]], repeats: int, budget_s: float = 60.0) -> list[Timing]:
+    """Time functions that are to be compared, their repeats interleaved round-robin, so that drift of the
+    machine (clock, cache, another process) weighs on each alike and their ratio holds.
+
+    Each is called once first (its time is ``first_s``: compilation and the first run) and once more untimed
+    (the first runs after compiling are slower: allocation, page faults); then up to ``repeats`` rounds, stopping
+    early (but after at least 3) once ``budget_s`` has passed.
+    """
+    first = []
+    for fn in fns:
+        start = clock()
+        fn()
+        first.append(clock() - start)
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    spent = 0.0
+    while len(times[0]) < repeats and (len(times[0]) < 3 or spent < budget_s):
+        for fn, mine in zip(fns, times, strict=True):
+            start = clock()
+            fn()
+            mine.append(clock() - start)
+            spent += mine[-1]
+    return [Timing(f, t) for f, t in zip(first, times, strict=True)]
+
+
+def fit_exponent(sizes: list[int], seconds: list[float]) -> float:
+    """The least-squares slope of log(seconds) against log(size): cost grows as size ** slope."""
+    return float(np.polyfit(np.log(sizes), np.log(seconds), 1)[0])
+
+
+def window_median(step_s: list[float], token: int, width: int = 8) -> float:
+    """Median seconds of the ``width`` steps ending at 1-based ``token`` (robust to one slow step)."""
+    return float(np.median(step_s[max(0, token - width):token]))

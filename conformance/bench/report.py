@@ -1,0 +1,292 @@
+"""Merge the frameworks' bench files into one JSON, a Markdown report, one PNG chart per workload, and (after a
+full run) the README's speed section.
+
+    python -m conformance.bench.report reports/.../bench-*.json --out reports/.../ [--readme README.md]
+
+Every ratio compares figures of the same run on the same machine. Utilisation is a forward's FLOP rate
+(``spec.flops``) over the same framework's own matrix-product rate in the same run (the ``matmul`` workload),
+and on a known GPU over its datasheet dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+FRAMEWORKS = ("torch", "jax", "tf")
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling")
+# Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
+GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
+RESULTS = Path(__file__).resolve().parent / "results"  # the committed copy the README shows
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--readme", type=Path, help="rewrite this README's speed section (full runs only)")
+    args = p.parse_args(argv)
+    runs = [json.loads(f.read_text()) for f in args.files]
+    runs.sort(key=lambda r: FRAMEWORKS.index(r["environment"]["framework"]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(runs, indent=1))
+    charts = [chart(runs, w, args.out) for w in ("forward", "greedy", "beam", "scaling")]
+    markdown = report(runs, [c.name for c in charts if c])
+    (args.out / "bench.md").write_text(markdown)
+    print(markdown)
+    if args.readme:
+        if _full(runs):
+            update_readme(args.readme, runs, args.out)
+        else:
+            print(f"{args.readme} left as it is: only a full run (every framework and workload) rewrites it")
+
+
+def _full(runs: list[dict[str, Any]]) -> bool:
+    return ({r["environment"]["framework"] for r in runs} == set(FRAMEWORKS)
+            and all(set(r["options"]["workloads"]) >= set(WORKLOADS) for r in runs))
+
+
+def _records(runs: list[dict[str, Any]], workload: str, **where: Any) -> list[dict[str, Any]]:
+    return [rec for r in runs for rec in r["records"]
+            if rec["workload"] == workload and all(rec.get(k) == v for k, v in where.items())]
+
+
+def _one(runs: list[dict[str, Any]], workload: str, **where: Any) -> dict[str, Any] | None:
+    found = _records(runs, workload, **where)
+    return found[0] if found else None
+
+
+def _ms(rec: dict[str, Any] | None) -> str:
+    return f"{rec['timing']['median_s'] * 1e3:,.0f}" if rec else "—"
+
+
+def _ratio(x: float | None, target: float | None = None, at_most: bool = True) -> str:
+    if x is None:
+        return "—"
+    if target is None:
+        return f"{x:.2f}×"
+    ok = x <= target if at_most else x >= target
+    return f"{x:.2f}× {'✓' if ok else '✗'}"
+
+
+# ----------------------------------------------------------------- Markdown
+
+def report(runs: list[dict[str, Any]], charts: list[str]) -> str:
+    """The whole report: machine and versions, then one table per workload, then the targets."""
+    parts = ["# Speed: every backend beside its framework's stock Transformer", "", environment(runs), "",
+             "## Targets (issue 10)", "", targets(runs), "",
+             "## Teacher-forced forward", "", forward_table(runs), "",
+             "## Generation", "", generation_table(runs), "",
+             "## How forward time grows with length (S = T)", "", scaling_table(runs), "",
+             "## Matrix-product rates (the denominators of utilisation)", "", matmul_table(runs), ""]
+    skipped = {rec["skipped"] for rec in _records(runs, "train") if "skipped" in rec}
+    parts += ["## Training step", "", *(f"Skipped: {s}." for s in skipped), ""]
+    parts += [f"![{c}]({c})" for c in charts]
+    return "\n".join(parts) + "\n"
+
+
+def environment(runs: list[dict[str, Any]]) -> str:
+    env, opt = runs[0]["environment"], runs[0]["options"]
+    m = env["machine"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} cores ({', '.join(m['simd'])}), device `{env['device']}`, "
+             f"Python {m['python']}.",
+             f"Config `{opt['config']}`, B={opt['batch']}, S={opt['src_len']}, T={opt['tgt_len']}, "
+             f"new tokens {opt['new_tokens']}, medians of up to {opt['repeats']} repeats after a first call "
+             f"(compilation) timed apart."]
+    for r in runs:
+        e = r["environment"]
+        lines.append(f"- {e['framework']}: " + ", ".join(f"{k} {v}" for k, v in e.items()
+                                                          if k not in ("framework", "device", "machine")))
+    return "\n".join(lines)
+
+
+def targets(runs: list[dict[str, Any]]) -> str:
+    """The issue's targets, one row per framework, ✓ where met."""
+    rows = ["| | bf16 forward / own fp32 ≤ 1 | bf16 forward / peer's best ≤ 1 | cached / recomputed, first 32 "
+            "≥ 5 | step at last token / at first window ≤ 1.10 | bf16 / fp32 decoding speed ≥ 1 | "
+            "beam 4 / greedy time ≤ 3 |", "|---|---|---|---|---|---|---|"]
+    for fw in _frameworks(runs):
+        ours = f"impl_{fw}"
+        bf, fp = (_one(runs, "forward", framework=fw, subject=ours, dtype=d) for d in ("bfloat16", "float32"))
+        peers = [r for r in _records(runs, "forward", framework=fw) if r["subject"] != ours]
+        best = min(peers, key=lambda r: r["timing"]["median_s"], default=None)
+        steps = {d: _one(runs, "greedy_steps", framework=fw, dtype=d) for d in ("bfloat16", "float32")}
+        beam = _one(runs, "beam", framework=fw, dtype="bfloat16")
+        own = _div(bf, fp)
+        vs_peer = _div(bf, best)
+        s = steps["bfloat16"]
+        speed = (s["metrics"]["tokens_per_s"] / steps["float32"]["metrics"]["tokens_per_s"]
+                 if s and steps["float32"] else None)
+        peer = f" ({best['subject']} {best['dtype']})" if best else ""
+        rows.append(f"| {ours} | {_ratio(own, 1.0)} | {_ratio(vs_peer, 1.0)}{peer} | "
+                    f"{_ratio(s and s['metrics']['cache_speedup'], 5.0, at_most=False)} | "
+                    f"{_ratio(s and s['metrics']['step_growth'], 1.10)} | "
+                    f"{_ratio(speed, 1.0, at_most=False)} | "
+                    f"{_ratio(beam and beam['metrics'].get('vs_greedy'), 3.0)} |")
+    return "\n".join(rows) + "\n\nbf16 rows; the fp32 figures are in the tables below."
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _div(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    return a["timing"]["median_s"] / b["timing"]["median_s"] if a and b else None
+
+
+def _frameworks(runs: list[dict[str, Any]]) -> list[str]:
+    return [r["environment"]["framework"] for r in runs]
+
+
+def _rates(runs: list[dict[str, Any]], fw: str) -> dict[str, float]:
+    return {r["dtype"]: r["metrics"]["flop_per_s"] for r in _records(runs, "matmul", framework=fw)}
+
+
+def _peak(runs: list[dict[str, Any]], fw: str) -> float | None:
+    name = next(r["environment"].get("device_name", "") for r in runs if r["environment"]["framework"] == fw)
+    return next((p for gpu, p in GPU_PEAK_BF16.items() if gpu in name), None)
+
+
+def forward_table(runs: list[dict[str, Any]]) -> str:
+    rows = ["| model | dtype | ms | GFLOP/s | % of own fp32 GEMM | % of own bf16 GEMM | % of GPU bf16 peak "
+            "| × fastest | first call s |", "|---|---|---|---|---|---|---|---|---|"]
+    recs = _records(runs, "forward")
+    fastest = min((r["timing"]["median_s"] for r in recs), default=None)
+    for r in recs:
+        rate, rates, peak = r["metrics"]["flop_per_s"], _rates(runs, r["framework"]), _peak(runs, r["framework"])
+        pct = [f"{100 * rate / rates[d]:.0f}%" if d in rates else "—" for d in ("float32", "bfloat16")]
+        rows.append(f"| {r['subject']} | {r['dtype']} | {_ms(r)} | {rate / 1e9:,.0f} | {pct[0]} | {pct[1]} | "
+                    f"{f'{100 * rate / peak:.1f}%' if peak else '—'} | "
+                    f"{r['timing']['median_s'] / fastest:.2f} | {r['timing']['first_s']:.1f} |")
+    return "\n".join(rows)
+
+
+def generation_table(runs: list[dict[str, Any]]) -> str:
+    rows = ["| model | dtype | greedy tok/s | cached decode tok/s | ms/step at token 32 → 128 | cached × faster "
+            "than recomputed (first 32) | beam 4 tok/s | beam / greedy time | first call s: greedy, beam |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for g in _records(runs, "greedy"):
+        fw, dt = g["framework"], g["dtype"]
+        m = (_one(runs, "greedy_steps", framework=fw, dtype=dt) or {}).get("metrics", {})
+        b = _one(runs, "beam", framework=fw, dtype=dt)
+        at = [v for k, v in m.items() if k.startswith("ms_per_step_at_")]
+        cells = [g["subject"], dt, f"{g['metrics']['tokens_per_s']:,.0f}", _num(m.get("tokens_per_s"), ",.0f"),
+                 " → ".join(f"{v:.1f}" for v in at) or "—", _num(m.get("cache_speedup"), ".1f"),
+                 _num(b and b["metrics"]["tokens_per_s"], ",.0f"), _num(b and b["metrics"].get("vs_greedy"), ".2f"),
+                 f"{g['timing']['first_s']:.1f}, " + _num(b and b["timing"]["first_s"], ".1f")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def scaling_table(runs: list[dict[str, Any]]) -> str:
+    recs = _records(runs, "scaling")
+    lengths = sorted({r["dims"]["S"] for r in recs})
+    rows = ["| model | dtype | " + " | ".join(f"L={L} ms" for L in lengths) + " | time ∝ L^k, k |",
+            "|---|---|" + "---|" * (len(lengths) + 1)]
+    for name in dict.fromkeys(r["subject"] for r in recs):
+        mine = {r["dims"]["S"]: r for r in recs if r["subject"] == name}
+        first = next(iter(mine.values()))
+        rows.append(f"| {name} | {first['dtype']} | " + " | ".join(_ms(mine.get(L)) for L in lengths)
+                    + f" | {first['metrics']['exponent']:.2f} |")
+    return "\n".join(rows)
+
+
+def matmul_table(runs: list[dict[str, Any]]) -> str:
+    rows = ["| framework | (M, K, N) | fp32 GFLOP/s | bf16 GFLOP/s |", "|---|---|---|---|"]
+    for fw in _frameworks(runs):
+        recs = {r["dtype"]: r for r in _records(runs, "matmul", framework=fw)}
+        if recs:
+            d = next(iter(recs.values()))["dims"]
+            rate = [f"{recs[t]['metrics']['flop_per_s'] / 1e9:,.0f}" if t in recs else "—"
+                    for t in ("float32", "bfloat16")]
+            rows.append(f"| {fw} | ({d['M']}, {d['K']}, {d['N']}) | {rate[0]} | {rate[1]} |")
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------- charts
+
+def chart(runs: list[dict[str, Any]], workload: str, out: Path) -> Path | None:
+    """One PNG: a bar per model and dtype (time, or tokens/s for generation) labelled with its ratio to the
+    fastest; for scaling, time against length on log-log axes."""
+    if workload == "scaling":
+        return _scaling_chart(runs, out)
+    recs = _records(runs, workload)
+    if not recs:
+        return None
+    per_second = workload != "forward"
+    values = [r["metrics"]["tokens_per_s"] if per_second else r["timing"]["median_s"] * 1e3 for r in recs]
+    best = max(values) if per_second else min(values)
+    labels = [f"{r['subject']}\n{r['dtype']}" for r in recs]
+    colours = [f"C{_frameworks(runs).index(r['framework'])}" for r in recs]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(recs)), 4.0))
+    bars = ax.bar(range(len(recs)), values, color=colours)
+    for bar, r, v in zip(bars, recs, values, strict=True):
+        bar.set_alpha(1.0 if r["dtype"] == "bfloat16" else 0.55)  # fp32 bars paler
+        ratio = best / v if per_second else v / best
+        ax.annotate(f"{ratio:.2f}×", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(recs)), labels, rotation=45, ha="right", fontsize=8)
+    dims = recs[0]["dims"]
+    unit = "tokens/s (higher is better)" if per_second else "ms (lower is better)"
+    ax.set_ylabel(unit)
+    ax.set_title(f"{workload}, {', '.join(f'{k}={v}' for k, v in dims.items())}: ratio to the fastest", fontsize=9)
+    fig.tight_layout()
+    path = out / f"bench-{workload}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _scaling_chart(runs: list[dict[str, Any]], out: Path) -> Path | None:
+    recs = _records(runs, "scaling")
+    if not recs:
+        return None
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for name in dict.fromkeys(r["subject"] for r in recs):
+        mine = sorted((r for r in recs if r["subject"] == name), key=lambda r: r["dims"]["S"])
+        fw = _frameworks(runs).index(mine[0]["framework"])
+        ax.loglog([r["dims"]["S"] for r in mine], [r["timing"]["median_s"] * 1e3 for r in mine], marker="o",
+                  color=f"C{fw}", linestyle="-" if name.startswith("impl_") else "--",
+                  label=f"{name} (k={mine[0]['metrics']['exponent']:.2f})")
+    ax.set_xlabel("S = T")
+    ax.set_ylabel("forward ms")
+    ax.set_title(f"forward time against length, B={recs[0]['dims']['B']}, {recs[0]['dtype']}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "bench-scaling.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------- README
+
+def update_readme(readme: Path, runs: list[dict[str, Any]], out: Path) -> None:
+    """Copy this run's report and charts to ``results/`` and put its targets and forward tables between the
+    README's bench markers."""
+    RESULTS.mkdir(exist_ok=True)
+    for f in [*out.glob("bench-*.png"), out / "bench.md", out / "bench.json"]:
+        shutil.copy(f, RESULTS / f.name)
+    rel = RESULTS.relative_to(readme.resolve().parent)
+    section = "\n".join([BEGIN, "", environment(runs), "", targets(runs), "", forward_table(runs), "",
+                         generation_table(runs), "", f"![forward]({rel}/bench-forward.png)",
+                         f"![greedy]({rel}/bench-greedy.png)", "",
+                         f"Full report: [{rel}/bench.md]({rel}/bench.md); regenerate with `nox -s bench`.", "", END])
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme} has no {BEGIN} ... {END} section to rewrite")
+    readme.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S))
+    print(f"rewrote the speed section of {readme} and {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Time one framework: its impl and its stock peer on the bench's workloads; write ``bench-<framework>.json``.
+
+    python -m conformance.bench.run --framework torch --out reports/bench [--workloads forward,greedy] ...
+
+One process per framework (each in the environment of its own framework only); ``conformance.bench.report``
+merges the files. Workloads (``--workloads``, default all):
+
+- ``matmul``: the framework's own (M, K, N) product rate in fp32 and bf16, the denominators of utilisation.
+- ``forward``: teacher-forced forward (B, S) x (B, T) -> logits, ours and the peer, each dtype.
+- ``greedy``: the library's greedy_search; the per-step cost with the KV cache up to the last new token, and
+  without it (prefix recomputed) over the first new tokens; ours, each dtype.
+- ``beam``: the library's beam_search, beam 4, as many new tokens as greedy's short run; ours, each dtype.
+- ``train``: a training step (forward, backward, Adam); skipped until the impls can train.
+- ``scaling``: forward at S = T in ``--lengths``, ours and the peer, the first dtype; the fitted exponent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+import spec
+from conformance.bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
+from spec.flops import forward_flops
+
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling")
+console = Console(stderr=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    fw = importlib.import_module(f"conformance.bench.bench_{args.framework}")
+    env = {"framework": args.framework, "device": args.device, "machine": _machine(), **fw.setup(args.device)}
+    records: list[dict[str, Any]] = []
+    run = Runner(args, fw, records)
+    for workload in args.workloads:
+        with console.status(f"[bold]{args.framework}[/] {workload}"):
+            getattr(run, workload)()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"bench-{args.framework}.json"
+    options = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    path.write_text(json.dumps({"environment": env, "options": options, "records": records}, indent=1))
+    console.print(f"wrote {path}")
+
+
+class Runner:
+    """The workloads of one framework; each appends records and prints one line per figure."""
+
+    def __init__(self, args: argparse.Namespace, fw: Any, records: list[dict[str, Any]]):
+        self.args, self.fw, self.records = args, fw, records
+        self.configs = {dt: spec.preset(args.config, dtype=dt, param_dtype=dt) for dt in args.dtypes}
+        self._ours: dict[str, Any] = {}
+
+    def ours(self, dtype: str) -> Any:
+        """Our impl in ``dtype``, built once per dtype from the bench weights (``bench_params``)."""
+        if dtype not in self._ours:
+            config = self.configs[dtype]
+            self._ours[dtype] = self.fw.ours(config, bench_params(config), self.args.device)
+        return self._ours[dtype]
+
+    def record(self, workload: str, subject: str, dtype: str, dims: dict[str, int], **fields: Any) -> None:
+        rec = {"framework": self.args.framework, "workload": workload, "subject": subject, "dtype": dtype,
+               "dims": dims, **fields}
+        self.records.append(rec)
+        timing = rec.get("timing")
+        figure = f"{timing['median_s'] * 1e3:9.1f} ms (first {timing['first_s']:.1f} s)" if timing else ""
+        extra = ", ".join(f"{k} {v:.3g}" for k, v in rec.get("metrics", {}).items())
+        console.print(f"{self.args.framework:5} {workload:8} {subject:28} {dtype:8} {figure} {extra}")
+
+    def matmul(self) -> None:
+        M, K, N = self.args.matmul
+        for dtype in ("float32", "bfloat16"):
+            # One product takes milliseconds: more repeats, within a few seconds.
+            timing = measure(self.fw.matmul(dtype, self.args.device, M, K, N), max(self.args.repeats, 20), 5.0)
+            flops = 2 * M * K * N
+            self.record("matmul", self.args.framework, dtype, {"M": M, "K": K, "N": N}, timing=timing.as_dict(),
+                        flops=flops, metrics={"flop_per_s": flops / timing.median_s})
+
+    def forward(self) -> None:
+        """Ours and the peer in every dtype, their repeats interleaved: the ratios between them are the point."""
+        B, S, T = self.args.batch, self.args.src_len, self.args.tgt_len
+        self._forwards("forward", [(dtype, peer) for dtype in self.args.dtypes for peer in (False, True)], B, S, T)
+
+    def _forwards(self, workload: str, which: list[tuple[str, bool]], B: int, S: int, T: int) -> list[dict]:
+        """Teacher-forced forwards of (dtype, peer?) subjects on the same token ids, timed together."""
+        subjects, calls = [], []
+        for dtype, peer in which:
+            config = self.configs[dtype]
+            subject = self.fw.peer(config, self.args.device) if peer else self.ours(dtype)
+            src, tgt_in = inputs(config, B, S, T)
+            subjects.append(subject)
+            calls.append(lambda s=subject, x=src, y=tgt_in: s.forward(x, y))
+        records = []
+        for subject, timing in zip(subjects, measure_together(calls, self.args.repeats), strict=True):
+            flops = forward_flops(self.configs[subject.dtype], B, S, T)
+            self.record(workload, subject.name, subject.dtype, {"B": B, "S": S, "T": T}, timing=timing.as_dict(),
+                        flops=flops, metrics={"flop_per_s": flops / timing.median_s,
+                                              "tokens_per_s": B * (S + T) / timing.median_s})
+            records.append(self.records[-1])
+        return records
+
+    def greedy(self) -> None:
+        B, S = self.args.batch, self.args.src_len
+        short, long = self.args.new_tokens
+        for dtype in self.args.dtypes:
+            model, (src, _) = self.ours(dtype), inputs(self.configs[dtype], B, S, 1)
+            timing = measure(lambda m=model, s=src: m.greedy(s, short), self.args.repeats)
+            dims = {"B": B, "S": S, "new_tokens": short}
+            self.record("greedy", model.name, dtype, dims, timing=timing.as_dict(),
+                        metrics={"tokens_per_s": B * short / timing.median_s})
+            model.cached_steps(src, long)  # warm-up: compilation
+            cached = model.cached_steps(src, long)
+            model.recomputed_steps(src, short)
+            recomputed = model.recomputed_steps(src, short)
+            at_short, at_long = window_median(cached, short), window_median(cached, long)
+            self.record("greedy_steps", model.name, dtype, {"B": B, "S": S, "new_tokens": long},
+                        cached_step_s=cached, recomputed_step_s=recomputed,
+                        metrics={"tokens_per_s": B * long / sum(cached),
+                                 f"ms_per_step_at_{short}": at_short * 1e3, f"ms_per_step_at_{long}": at_long * 1e3,
+                                 "step_growth": at_long / at_short,
+                                 "cache_speedup": sum(recomputed) / sum(cached[:short])})
+
+    def beam(self) -> None:
+        B, S, n = self.args.batch, self.args.src_len, self.args.new_tokens[0]
+        for dtype in self.args.dtypes:
+            model, (src, _) = self.ours(dtype), inputs(self.configs[dtype], B, S, 1)
+            timing = measure(lambda m=model, s=src: m.beam(s, n, 4), self.args.repeats)
+            greedy = [r for r in self.records if r["workload"] == "greedy" and r["dtype"] == dtype]
+            metrics = {"tokens_per_s": B * n / timing.median_s}
+            if greedy:
+                metrics["vs_greedy"] = timing.median_s / greedy[0]["timing"]["median_s"]
+            self.record("beam", model.name, dtype, {"B": B, "S": S, "new_tokens": n, "beam_size": 4},
+                        timing=timing.as_dict(), metrics=metrics)
+
+    def train(self) -> None:
+        self.record("train", self.args.framework, self.args.dtypes[0], {},
+                    skipped="no backend can train yet (issue 11); this workload starts timing once one can")
+
+    def scaling(self) -> None:
+        """Ours and the peer in the first dtype at each S = T; the exponent fitted per subject."""
+        dtype, B = self.args.dtypes[0], self.args.batch
+        runs = [r for L in self.args.lengths for r in self._forwards("scaling", [(dtype, False), (dtype, True)],
+                                                                     B, L, L)]
+        for name in dict.fromkeys(r["subject"] for r in runs):
+            mine = [r for r in runs if r["subject"] == name]
+            exponent = fit_exponent([r["dims"]["S"] for r in mine], [r["timing"]["median_s"] for r in mine])
+            for r in mine:
+                r["metrics"]["exponent"] = exponent
+            console.print(f"{self.args.framework:5} scaling  {name:28} time ~ L^{exponent:.2f}")
+
+
+def _machine() -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+               platform.processor())
+    flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
+    simd = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
+    return {"cpu": cpu, "cores": os.cpu_count(), "simd": simd, "python": platform.python_version(),
+            "os": platform.platform()}
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--framework", required=True, choices=("torch", "jax", "tf"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--out", default="reports/bench")
+    p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))
+    p.add_argument("--config", default="base", choices=sorted(spec.config.PRESETS))
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
+    p.add_argument("--batch", type=int, default=8, help="B")
+    p.add_argument("--src-len", type=int, default=64, help="S")
+    p.add_argument("--tgt-len", type=int, default=64, help="T")
+    p.add_argument("--new-tokens", type=_ints, default=[32, 128], help="short,long: greedy/beam and cached steps")
+    p.add_argument("--lengths", type=_ints, default=[32, 64, 128, 256], help="S = T for the scaling workload")
+    p.add_argument("--matmul", type=_ints, default=[512, 512, 2048], help="M,K,N of the rate product")
+    p.add_argument("--repeats", type=int, default=5)
+    return p
+
+
+if __name__ == "__main__":
+    main()

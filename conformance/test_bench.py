@@ -1,0 +1,65 @@
+"""The speed bench runs on this backend (``conformance.bench``): every workload at the ``tiny`` config, once.
+
+It checks that the bench measures what it says (every workload recorded, the step counts asked for, the
+searches run their full length), not how fast: timings belong to ``nox -s bench``'s reports.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conformance.bench import report, run
+from conformance.bench.common import bench_params, inputs
+from spec.config import TINY
+
+
+@pytest.fixture(scope="module")
+def bench_run(backend, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    fw = backend.name
+    run.main(["--framework", fw, "--out", str(out), "--config", "tiny", "--repeats", "1", "--batch", "2",
+              "--src-len", "5", "--tgt-len", "6", "--new-tokens", "3,9", "--lengths", "4,8", "--matmul", "8,8,8"])
+    report.main([str(out / f"bench-{fw}.json"), "--out", str(out)])
+    return fw, out, json.loads((out / f"bench-{fw}.json").read_text())
+
+
+def test_every_workload_is_recorded(bench_run):
+    fw, _, data = bench_run
+    workloads = {r["workload"] for r in data["records"]}
+    assert workloads == {"matmul", "forward", "greedy", "greedy_steps", "beam", "train", "scaling"}
+    subjects = {r["subject"] for r in data["records"] if r["workload"] == "forward"}
+    assert f"impl_{fw}" in subjects and len(subjects) == 2, subjects  # ours and the stock peer
+    for r in data["records"]:
+        if "timing" in r:
+            assert 0 < r["timing"]["median_s"] and r["timing"]["repeats"] >= 1, r
+    assert data["environment"]["framework"] == fw
+
+
+def test_generation_runs_the_steps_asked_for(bench_run):
+    _, _, data = bench_run
+    for r in (r for r in data["records"] if r["workload"] == "greedy_steps"):
+        assert len(r["cached_step_s"]) == 9 and len(r["recomputed_step_s"]) == 3
+        assert r["metrics"]["cache_speedup"] > 0
+
+
+def test_report_writes_tables_and_charts(bench_run):
+    fw, out, _ = bench_run
+    md = (out / "bench.md").read_text()
+    assert f"| impl_{fw} |" in md
+    for workload in ("forward", "greedy", "beam", "scaling"):
+        assert (out / f"bench-{workload}.png").stat().st_size > 0
+
+
+def test_searches_run_their_full_length(load_model):
+    """The bench's weights zero the EOS row: its logit is exactly 0 and the largest of the others is positive,
+    so no hypothesis ends early and tokens per second count every step asked for."""
+    params = bench_params(TINY)
+    assert not params["embedding"][TINY.eos_id].any()
+    model = load_model(TINY, params)
+    src, _ = inputs(TINY, 3, 7, 1)
+    for tokens in (model.greedy(src, max_new_tokens=12), model.beam(src, max_new_tokens=12)):
+        tokens = np.asarray(tokens)
+        assert tokens.shape == (3, 12) and not (tokens == TINY.eos_id).any(), tokens

@@ -14,6 +14,7 @@ the block and returns the dict of tracers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -29,8 +30,38 @@ Params = dict
 F32 = jnp.float32
 
 
+# A product of two bf16 values is exact in fp32, so an fp32 product of bf16 operands upcast to fp32 (fp32
+# accumulator, fp32 result) is the contract's product exactly as a bf16-operand dot with an fp32 accumulator is
+# (up to the order of the fp32 sums, which the contract leaves free). Which one is faster depends on the shape.
+# On an x86-64 CPU (XLA CPU) the bf16-operand dot runs well below the fp32 dot's rate on compute-bound products,
+# while the upcast costs a pass over both operands on every call, the whole weight matrix or KV cache included.
+# So products with many rows (M, per matrix of a batched product: the teacher-forced forward, the encoder) are
+# faster upcast, and few-row products (a decode step's projections, logits and attention over the cache, where
+# reading the other operand dominates) are faster with bf16 operands. The crossover, measured on (M, 512) x
+# (512, 512 | 2048 | 37000) and (M, 2048) x (2048, 512) products, lies near M = 256 rows for every shape; the
+# timings are in the bench report (``nox -s bench``). The choice is made at trace time from static shapes.
+UPCAST_MIN_ROWS = 256
+
+
+def upcast_operands(rows: int, dtype: jnp.dtype) -> bool:
+    """Whether a product whose matrices have ``rows`` rows (M; batch axes excluded) and operands in ``dtype``
+    runs as an fp32 product of upcast operands: bf16 with ``rows >= UPCAST_MIN_ROWS``.
+
+    Either way the result is the contract's (the comment above); only the speed differs.
+    """
+    return jnp.dtype(dtype) == jnp.bfloat16 and rows >= UPCAST_MIN_ROWS
+
+
 def einsum_f32(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """einsum with fp32 accumulation and result; HIGHEST pins fp32 operands to true fp32 products."""
+    """einsum with fp32 accumulation and result; HIGHEST pins fp32 operands to true fp32 products.
+
+    bf16 operands are upcast to fp32 first where ``upcast_operands`` says it is faster (same result), and so is
+    a bf16 activation whose weight is held in fp32 (``impl_jax.model.weights_f32``: bf16 values, exact in fp32).
+    """
+    lhs, rhs = eq.split("->")[0].split(",")
+    rows = math.prod(n for axis, n in zip(lhs, a.shape, strict=True) if axis not in rhs)  # M: a's free axes
+    if a.dtype != b.dtype or upcast_operands(rows, a.dtype):
+        a, b = a.astype(F32), b.astype(F32)
     return jnp.einsum(eq, a, b, preferred_element_type=F32, precision=lax.Precision.HIGHEST)
 
 

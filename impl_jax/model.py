@@ -203,11 +203,13 @@ def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Con
 
 # Python in a jitted function runs once per trace, that is once per new compilation: the log line goes there.
 
-@functools.partial(jax.jit, static_argnames=("config", "intermediates"))
-def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, intermediates: bool):
+@functools.partial(jax.jit, static_argnames=("config", "intermediates", "rounded"))
+def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, intermediates: bool,
+             rounded: bool = False):
     log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
              src.shape[0], src.shape[1], tgt_in.shape[1], ", with intermediates" if intermediates else "")
-    params = cast_params(params, config)
+    if not rounded:  # else they are ``weights_f32(params, config)`` already, computed once by the caller
+        params = weights_f32(params, config)
     # Recording runs here, at trace time, into this trace's own dict, with or without intermediates: a
     # caller's open ``recording`` never catches these tracers (which would leak, and only on the first trace).
     with recording() as rec:
@@ -217,10 +219,10 @@ def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, 
     return logits, rec if intermediates else {}
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _encode_jit(params: Params, src: jax.Array, config: Config) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("config", "rounded"))
+def _encode_jit(params: Params, src: jax.Array, config: Config, rounded: bool = False) -> jax.Array:
     log.info("impl_jax: compiling encode for batch %d, source length %d (buckets)", *src.shape)
-    return encoder_stack(cast_params(params, config), src, config)
+    return encoder_stack(params if rounded else weights_f32(params, config), src, config)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "capacity"))
@@ -246,11 +248,16 @@ def encode(params: Params, config: Config, src: Ids) -> jax.Array:
     Raises:
         ValueError: from ``spec.validate.check_source``.
     """
+    return _checked_encode(params, config, src, False)
+
+
+def _checked_encode(params: Params, config: Config, src: Ids, rounded: bool) -> jax.Array:
+    """``encode``; with ``rounded``, ``params`` are ``weights_f32(params, config)`` already (same results)."""
     host = host_ids(src, config)
     validate.check_source(host, config)
     B, S = host.shape
     src = padded_ids(src, host, shapes.batch_bucket(B), shapes.length_bucket(S, config.max_len), config.pad_id)
-    return _encode_jit(params, src, config)[:B, :S]
+    return _encode_jit(params, src, config, rounded)[:B, :S]
 
 
 def init_cache(params: Params, config: Config, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
@@ -301,17 +308,34 @@ def forward(params: Params, config: Config, src: Ids, tgt_in: Ids, intermediates
     Raises:
         ValueError: from ``spec.validate.check_forward``.
     """
+    return _checked_forward(params, config, src, tgt_in, intermediates, False)
+
+
+def _checked_forward(params: Params, config: Config, src: Ids, tgt_in: Ids, intermediates: bool, rounded: bool):
+    """``forward``; with ``rounded``, ``params`` are ``weights_f32(params, config)`` already (same results)."""
     src_host, tgt_host = host_ids(src, config), host_ids(tgt_in, config)
     validate.check_forward(src_host, tgt_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
     Bb = shapes.batch_bucket(B)
     src = padded_ids(src, src_host, Bb, shapes.length_bucket(S, config.max_len), config.pad_id)
     tgt_in = padded_ids(tgt_in, tgt_host, Bb, shapes.length_bucket(T, config.max_len), config.pad_id)
-    logits, rec = _forward(params, src, tgt_in, config, bool(intermediates))
+    logits, rec = _forward(params, src, tgt_in, config, bool(intermediates), rounded)
     if not intermediates:
         return logits[:B, :T]
     want = shapes.intermediates(config, B, S, T)  # name -> ((B, S or T, ...), dtype)
     return logits[:B, :T], {name: x[:B, :want[name][0][1]] for name, x in rec.items()}
+
+
+def weights_f32(params: Params, config: Config) -> Params:
+    """The parameters rounded to ``config.dtype`` (rule 0) and held in fp32: exact, as bf16 -> fp32 is exact.
+
+    A bf16-mode forward on these computes what it computes on the bf16 weights, bit for bit: every product
+    upcasts its bf16 activation and runs in fp32 (``layers.einsum_f32``), a product of bf16 values being exact
+    in fp32, and biases and norm parameters enter fp32 arithmetic either way. What it saves is the conversion
+    of every weight matrix on every call, which costs a bf16 forward more than its products gain from bf16 on
+    a CPU (the bench report, ``nox -s bench``).
+    """
+    return jax.tree.map(lambda p: p.astype(config.dtype).astype(jnp.float32), params)
 
 
 # ----------------------------------------------------------------- the model
@@ -350,6 +374,23 @@ class Transformer:
         model.config, model.params = config, params
         return model
 
+    def _forward_weights(self) -> tuple[Params, bool]:
+        """The parameters for ``__call__`` and ``encode``, and whether they are ``weights_f32``'s already.
+
+        Those run on ``weights_f32`` (many-row products are faster in fp32). In bf16 mode outside a trace it
+        is computed once and kept while ``self.params`` holds the same leaves (JAX arrays are immutable, so
+        the same leaves are the same weights), at the cost of fp32 memory for every parameter. Inside the
+        caller's ``jit`` (traced leaves) and in fp32 mode the jitted program computes it itself.
+        """
+        leaves, tree = jax.tree.flatten(self.params)
+        if self.config.dtype != "bfloat16" or any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return self.params, False
+        kept = self.__dict__.get("_weights_f32")
+        if kept is None or kept[1] != tree or any(a is not b for a, b in zip(kept[0], leaves, strict=True)):
+            kept = (leaves, tree, weights_f32(self.params, self.config))
+            self.__dict__["_weights_f32"] = kept
+        return kept[2], True
+
     def tree_flatten(self) -> tuple[tuple[Params], Config]:
         return (self.params,), self.config
 
@@ -367,7 +408,8 @@ class Transformer:
         Raises:
             ValueError: from ``spec.validate.check_forward``.
         """
-        return forward(self.params, self.config, src, tgt_in, intermediates)
+        params, rounded = self._forward_weights()
+        return _checked_forward(params, self.config, src, tgt_in, intermediates, rounded)
 
     def encode(self, src: Ids) -> Float[jax.Array, "B S D"]:
         """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in ``config.dtype``.
@@ -375,7 +417,8 @@ class Transformer:
         Raises:
             ValueError: from ``spec.validate.check_source``.
         """
-        return encode(self.params, self.config, src)
+        params, rounded = self._forward_weights()
+        return _checked_encode(params, self.config, src, rounded)
 
     def init_cache(self, memory: Float[jax.Array, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty ``KVCache`` of ``capacity`` target positions for ``memory`` (B, S, D) of ``src`` (B, S).

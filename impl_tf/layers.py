@@ -4,13 +4,17 @@ Every tf.Variable is named by its canonical parameter name (``spec.schema``), e.
 ``encoder.layers.0.self_attn.w_q``, and every module keeps that prefix in ``path``.
 
 Products with a weight take bf16 operands, accumulate in fp32 and round once after the bias (``_tensordot``).
-Measured on x86-64 CPU, TF 2.21, a (256, 512) . (512, 512) bf16 product against float64: the eager bf16
-``tf.matmul`` differs from round-once on 50% of elements (max error 2x the ideal's), so it is not used.
-Under XLA, ``tf.matmul(..., output_type=tf.float32)`` on bf16 operands is a dot with an fp32 accumulator
-and output (round-once on all but 0.01% of elements, as fp32 summation order allows); for a decode-step
-product (4, 512) . (512, 37000) it is 7x faster than upcasting the operands first, which converts the whole
-weight matrix on every call. Eager TensorFlow has no kernel for it, so eagerly the operands are upcast to
-fp32 (same result, slower). Layers therefore run eagerly or inside ``tf.function(jit_compile=True)``.
+The eager bf16 ``tf.matmul`` rounds its output to bf16 (it differs from round-once on half the elements of a
+(256, 512) . (512, 512) product), so it is never used. Two products do meet the contract, with the same
+result up to the order of fp32 summation: (a) under XLA, ``tf.matmul(..., output_type=tf.float32)`` on bf16
+operands, a dot with an fp32 accumulator and output; (b) an fp32 dot of the operands upcast to fp32 (the
+product of two bf16 values is exact in fp32). Which is faster depends on the product's rows (``upcast_operands``):
+(b) runs at the CPU's fp32 GEMM rate but converts the whole weight on every call, so it wins for many rows (a
+teacher-forced forward, the encoder); (a) reads the weight at half the bytes, so it wins for few rows (a decode
+step, where the weight's conversion would dominate). The choice is made per product from the static row count
+that XLA compiles for; the figures behind the threshold are measured by ``nox -s bench``. Eager TensorFlow has
+no kernel for (a), so eagerly the operands are upcast (b). Layers therefore run eagerly or inside
+``tf.function(jit_compile=True)``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,19 @@ from spec.config import Config
 from spec.numerics import MASKED_SCORE
 from spec.recording import record
 
+# The fewest rows (the product's M: the activation's elements over the contracted axis) at which (b), the fp32
+# dot of upcast operands, beats (a), bf16 operands with an fp32 result (module docstring). Measured on an
+# AVX-512 x86-64 CPU (TF 2.21, XLA) for (K, N) = (512, 512), (512, 2048), (2048, 512) and (512, 37000): (a) wins
+# below 64 rows (a decode step: B or B * beam rows) at every shape, (b) from 256 rows (a forward: B * T rows),
+# and they cross between; timings: ``nox -s bench``.
+UPCAST_MIN_ROWS = 128
+
+
+def upcast_operands(rows: int) -> bool:
+    """Whether a product with ``rows`` rows runs as an fp32 dot of upcast operands (True) rather than as a dot
+    of bf16 operands with an fp32 result (False). Same result either way, up to fp32 summation order."""
+    return rows >= UPCAST_MIN_ROWS
+
 
 def _matmul_fp32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tensor:
     """``a @ b`` (batch dims broadcast) with an fp32 accumulator, returned in fp32 (module docstring).
@@ -32,9 +49,21 @@ def _matmul_fp32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Te
     ``a`` is an activation; ``b`` enters in its dtype (a parameter stored in another dtype is cast: rule 0).
     """
     b = tf.cast(b, a.dtype)
-    if a.dtype == tf.float32 or tf.executing_eagerly():
+
+    def upcast() -> tf.Tensor:
         return tf.matmul(tf.cast(a, tf.float32), tf.cast(b, tf.float32), transpose_b=transpose_b)
-    return tf.matmul(a, b, transpose_b=transpose_b, output_type=tf.float32)  # needs jit_compile=True
+
+    def bf16_operands() -> tf.Tensor:
+        return tf.matmul(a, b, transpose_b=transpose_b, output_type=tf.float32)  # needs jit_compile=True
+
+    if a.dtype == tf.float32 or tf.executing_eagerly():
+        return upcast()
+    if a.shape[:-1].is_fully_defined():
+        return upcast() if upcast_operands(math.prod(a.shape[:-1])) else bf16_operands()
+    # Traced for any shape (a shape-polymorphic tf.function): XLA compiles each concrete shape, where the row
+    # count is a constant, so it keeps only the branch taken (its conditional simplifier inlines it).
+    rows = tf.reduce_prod(tf.shape(a)[:-1])
+    return tf.cond(rows >= UPCAST_MIN_ROWS, upcast, bf16_operands)
 
 
 def _tensordot(x: tf.Tensor, w: tf.Tensor, axes: int = 1, bias: tf.Tensor | None = None) -> tf.Tensor:

@@ -89,6 +89,25 @@ def _descending(x: Tensor) -> Tensor:
     return torch.sort(x, dim=-1, descending=True, stable=True).indices
 
 
+def _top(x: Tensor, n: int) -> Tensor:
+    """``_descending(x)[:, :n]`` without sorting all of x: (B, N) -> (B, n) indices, equal values in index order.
+
+    ``topk`` finds the n-th largest value; every entry at least that large (n of them, more on ties) is kept in
+    index order and only those are sorted, stably. Rows with many ties at the threshold (-inf) sort everything.
+    """
+    keep = x >= x.topk(n, dim=-1).values[:, -1:]                           # (B, N): n or more per row
+    counts = keep.sum(dim=-1)                                               # (B,)
+    m = int(counts.max())
+    if m > 4 * n:
+        return _descending(x)[:, :n]
+    rows, cols = keep.nonzero(as_tuple=True)                                # row-major: index order per row
+    pos = torch.arange(len(cols), device=x.device) - (counts.cumsum(0) - counts)[rows]
+    idx = torch.zeros(x.shape[0], m, dtype=torch.long, device=x.device)     # (B, m), padded after the kept
+    vals = torch.full((x.shape[0], m), -torch.inf, dtype=x.dtype, device=x.device)
+    idx[rows, pos], vals[rows, pos] = cols, x[rows, cols]
+    return idx.gather(1, _descending(vals)[:, :n])                          # pads sort after every kept entry
+
+
 def _take(x: Tensor, idx: Tensor) -> Tensor:
     """x (B, N, ...) rows idx (B, M) along axis 1 -> (B, M, ...)."""
     return x[torch.arange(x.shape[0], device=x.device)[:, None], idx]
@@ -133,7 +152,7 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
         logits = model._decode(tokens[:, None], cache)[:, 0]                         # (B*k, V) fp32
         logp = forbid_special(torch.log_softmax(logits, dim=-1), c.pad_id, c.bos_id)    # over all of V, then -inf
         cand = (alive_lp[..., None] + logp.view(B, k, V)).view(B, k * V)
-        top = _descending(cand)[:, :2 * k]                                          # (B, 2k)
+        top = _top(cand, 2 * k)                                                     # (B, 2k)
         beam, tok, score = top // V, top % V, cand.gather(1, top)
         seq = torch.cat([_take(alive_seq, beam), tok[..., None]], dim=-1)            # (B, 2k, t)
         is_eos = tok == c.eos_id

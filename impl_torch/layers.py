@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
@@ -33,18 +34,61 @@ def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype
     On CUDA a bias-free bf16 product is a native bf16 GEMM: cuBLAS accumulates in fp32 and rounds once, provided
     ``allow_bf16_reduced_precision_reduction`` is off, as inside ``contract_numerics``. Everything else runs as an
     fp32 GEMM of the upcast operands: a product of two bf16 values is exact in fp32, so this is the same contract,
-    with the bias added before the single rounding (a bf16 GEMM would round before the bias: twice). On a CPU
-    without native bf16 it is also what makes bf16 usable: a 512^3 product takes ~1.7 ms this way and ~200 ms as
-    a PyTorch bf16 GEMM (2-core AVX2, torch 2.13).
+    with the bias added before the single rounding (a bf16 GEMM would round before the bias: twice). On a CPU it
+    is also the fast way: PyTorch's CPU bf16 GEMM is slower than its fp32 one (measured by ``nox -s bench``). The
+    fp32 copy of a parameter is kept while the parameter is unchanged (``as_float``), so a decode step does not
+    upcast the weights again.
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    w = w.to(x.dtype)  # parameters enter in the activation dtype (rule 0); a no-op unless param_dtype differs
     if x.is_cuda and bias is None and x.dtype == out_dtype == torch.bfloat16:
-        return torch.einsum(eq, x, w)
-    y = torch.einsum(eq, x.float(), w.float())
+        return torch.einsum(eq, x, w.to(x.dtype))  # parameters enter in the activation dtype (rule 0)
+    y = torch.einsum(eq, x.float(), as_float(w, x.dtype))
     if bias is not None:
-        y = y + bias.to(x.dtype).float()
+        y = y + as_float(bias, x.dtype)
     return y.to(out_dtype)
+
+
+# Parameter -> (its state when copied, its fp32 copy): weak, so a copy lives no longer than its parameter.
+_FLOAT_COPIES = WeakIdKeyDictionary()
+
+
+def as_float(w: Tensor, dtype: torch.dtype) -> Tensor:
+    """``w`` entering the computation in ``dtype`` (rule 0), as fp32: ``w.to(dtype).float()``, the same bits.
+
+    For an ``nn.Parameter`` read while no gradient is recorded (``torch.no_grad``, ``torch.inference_mode``), the
+    copy is made once and reused while the parameter is unchanged: the key is the parameter's version counter
+    (bumped by every in-place write: optimiser steps, ``load_state_dict``, ``copy_``), storage, dtype and device,
+    so a reused copy is always the one a fresh cast would give. While gradients are recorded the cast is done
+    every time, so that it stays differentiable.
+    """
+    if w.dtype == dtype == torch.float32:
+        return w
+    if torch.is_grad_enabled() or not isinstance(w, nn.Parameter) or w.is_inference():
+        return w.to(dtype).float()
+    key = (w._version, w.data_ptr(), w.dtype, w.device, dtype)
+    hit = _FLOAT_COPIES.get(w)
+    if hit is None or hit[0] != key:
+        hit = _FLOAT_COPIES[w] = (key, w.to(dtype).float())
+    return hit[1]
+
+
+def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, n_in: int = 1) -> Tensor:
+    """``project`` for a parameter: x (..., *I) times w (*I, *O) over the last ``n_in`` axes of x, plus bias (*O)
+    -> (..., *O) in ``x.dtype``, the same numerics as ``project``.
+
+    One 2-D ``torch.mm`` of the flattened operands: for the few rows of a decode step it is faster than the
+    batched product ``einsum`` makes of it, and it never copies the weight (measured by ``nox -s bench``).
+    """
+    lead, n = x.shape[:x.dim() - n_in], math.prod(w.shape[:n_in])
+    x2 = x.reshape(-1, n)                                                       # (rows, I)
+    if x.is_cuda and bias is None and x.dtype == torch.bfloat16:
+        y = x2 @ w.to(x.dtype).reshape(n, -1)  # native bf16 GEMM, as in ``project``
+    else:
+        y = x2.float() @ as_float(w, x.dtype).reshape(n, -1)                    # (rows, O) fp32
+        if bias is not None:
+            y = y + as_float(bias, x.dtype).reshape(-1)
+        y = y.to(x.dtype)
+    return y.reshape(*lead, *w.shape[n_in:])
 
 
 @contextlib.contextmanager
@@ -116,10 +160,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, 
     """softmax(Q K^T / sqrt(d_k)) V (equation 1, rule 4).
 
     q (B, T, H, K), k (B, S, H, K), v (B, S, H, C), mask bool broadcastable to (B, H, T, S), True = may attend.
-    Returns (B, T, H, C) in ``v.dtype``. A query row whose keys are all masked gets a finite output.
+    Returns (B, T, H, C) in ``q.dtype``, the activation dtype. ``k`` and ``v`` are in ``q.dtype`` or are fp32
+    tensors holding values of it (the exact upcast the KV cache keeps on the CPU, ``KVCache``). A query row whose
+    keys are all masked gets a finite output.
 
     The plain path (default) is the contract written out: fp32 scores, scaled in fp32, masked with
-    ``MASKED_SCORE``, fp32 max-subtracted softmax, probabilities rounded to ``v.dtype`` before P V.
+    ``MASKED_SCORE``, fp32 max-subtracted softmax, probabilities rounded to ``q.dtype`` before P V.
     ``fused=True`` calls ``torch.nn.functional.scaled_dot_product_attention`` on (B, H, L, K) views. Its CUDA
     kernels (flash, memory-efficient) keep scores and softmax in fp32 and round the *unnormalised* probabilities
     to bf16 before P V, normalising in fp32 after: one rounding per probability, as the contract asks, in a
@@ -127,16 +173,22 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, 
     0.5-0.7x the contract's error), so on CPU the plain path is the contract and the fused one is not. The mask
     becomes an additive bias of the dtype's most negative finite value, so fully masked rows stay finite.
     """
+    dtype = q.dtype
     if fused:
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
+        k, v = k.to(dtype), v.to(dtype)                                     # exact: values of ``dtype``
+        bias = torch.zeros(mask.shape, dtype=dtype, device=q.device).masked_fill(~mask, torch.finfo(dtype).min)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                   # (B, H, L, K) views
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))
         return o.transpose(1, 2)                                            # (B, T, H, C)
-    scores = project("bthk,bshk->bhts", q, k, out_dtype=torch.float32)     # (B, H, T, S) fp32, never rounded
+    # Products batched over (B, H) on transposed views: no copy of fp32 keys/values laid out (B, H, S, K) in
+    # memory, as the KV cache keeps them; bf16 ones are upcast once, exactly (a bf16 product is exact in fp32).
+    k_t = k.transpose(1, 2).float().transpose(2, 3)                         # (B, H, K, S) fp32
+    scores = torch.matmul(q.transpose(1, 2).float(), k_t)                   # (B, H, T, S) fp32, never rounded
     scores = scores * (1.0 / math.sqrt(q.shape[-1]))                        # scaled in fp32
     scores = scores.masked_fill(~mask, MASKED_SCORE)                        # masked keys get exactly zero weight
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)                      # fp32 softmax, rounded before P V
-    return project("bhts,bshc->bthc", probs, v)                            # (B, T, H, C)
+    probs = torch.softmax(scores, dim=-1).to(dtype)                        # fp32 softmax, rounded before P V
+    o = torch.matmul(probs.float(), v.transpose(1, 2).float())              # (B, H, T, C) fp32 accumulation
+    return o.to(dtype).transpose(1, 2)                                      # (B, T, H, C), rounded once
 
 
 class MultiHeadAttention(nn.Module):
@@ -161,14 +213,14 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) -> k (B, S, H, K), v (B, S, H, C)."""
-        return project("bsd,dhk->bshk", x_kv, self.w_k), project("bsd,dhc->bshc", x_kv, self.w_v)
+        return linear(x_kv, self.w_k), linear(x_kv, self.w_v)
 
     def attend(self, x_q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """Queries x_q (B, T, D) over k (B, S, H, K), v (B, S, H, C); mask (B, 1, T or 1, S) -> (B, T, D)."""
-        q = project("btd,dhk->bthk", x_q, self.w_q)                            # (B, T, H, K)
+        q = linear(x_q, self.w_q)                                               # (B, T, H, K)
         fused = q.is_cuda if self.fused is None else self.fused
         o = scaled_dot_product_attention(q, k, v, mask, fused)                  # (B, T, H, C)
-        return project("bthc,hcd->btd", o, self.w_o)                           # (B, T, D)
+        return linear(o, self.w_o, n_in=2)                                      # (B, T, D)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor) -> Tensor:
         """x_q (B, T, D), x_kv (B, S, D), mask bool (B, 1, T or 1, S) -> (B, T, D)."""
@@ -190,14 +242,14 @@ class FeedForward(nn.Module):
         self.b_2 = nn.Parameter(torch.empty(D, **kw))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = torch.relu(project("bld,df->blf", x, self.w_1, self.b_1))   # (B, L, F), ReLU commutes with rounding
-        return project("blf,fd->bld", h, self.w_2, self.b_2)           # (B, L, D)
+        h = torch.relu(linear(x, self.w_1, self.b_1))   # (B, L, F), ReLU commutes with rounding
+        return linear(h, self.w_2, self.b_2)            # (B, L, D)
 
 
 def layer_norm(x: Tensor, scale: Tensor, bias: Tensor, eps: float) -> Tensor:
     """LayerNorm over D (Ba et al., 2016): statistics and normalisation in fp32, rounded once to ``x.dtype``;
     ``scale`` and ``bias`` enter in ``x.dtype`` (rule 0)."""
-    scale, bias = scale.to(x.dtype).float(), bias.to(x.dtype).float()
+    scale, bias = as_float(scale, x.dtype), as_float(bias, x.dtype)
     return F.layer_norm(x.float(), x.shape[-1:], scale, bias, eps).to(x.dtype)
 
 

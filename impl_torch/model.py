@@ -24,6 +24,7 @@ from impl_torch.layers import (
     Embedding,
     EncoderLayer,
     LayerNorm,
+    as_float,
     project,
 )
 from spec import validate
@@ -54,6 +55,20 @@ class KVCache:
     memory_mask: Bool[Tensor, "B S"]
     length: int = 0
 
+    def __post_init__(self) -> None:
+        # Attention reads keys/values as fp32. For a bf16 cache on the CPU, an exact fp32 copy
+        # is kept beside it and written with it, so a decode step does not upcast the whole prefix again; on CUDA
+        # bf16 attention reads bf16 (``scaled_dot_product_attention``).
+        first = self.self_kv[0][0] if self.self_kv else None
+        self._float_kv = self._float_memory_kv = None
+        if first is not None and first.dtype != torch.float32 and not first.is_cuda:
+            self._float_kv = [(k.float(), v.float()) for k, v in self.self_kv]  # same memory layout
+            self._float_memory_kv = [(k.float(), v.float()) for k, v in self.memory_kv]
+
+    def memory_kv_of(self, layer: int) -> tuple[Tensor, Tensor]:
+        """``memory_kv[layer]`` as attention reads it (the exact fp32 copy for a bf16 cache on the CPU)."""
+        return (self._float_memory_kv or self.memory_kv)[layer]
+
     @property
     def capacity(self) -> int:
         """P, the target positions the cache has room for."""
@@ -61,10 +76,14 @@ class KVCache:
 
     def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k (B, n, H, K), v (B, n, H, C) of positions start..start+n-1 of ``layer``; return the keys
-        (B, t, H, K) and values (B, t, H, C) of positions 0..t-1, t = start + n."""
+        (B, t, H, K) and values (B, t, H, C) of positions 0..t-1, t = start + n (fp32 on the CPU: the exact copy
+        kept beside a bf16 cache)."""
         end = start + k.shape[1]
         ck, cv = self.self_kv[layer]
         ck[:, start:end], cv[:, start:end] = k, v
+        if self._float_kv is not None:  # the fp32 copy (``__post_init__``), exact, which attention reads
+            ck, cv = self._float_kv[layer]
+            ck[:, start:end], cv[:, start:end] = k, v
         return ck[:, :end], cv[:, :end]
 
     def select(self, rows: Tensor) -> None:
@@ -74,7 +93,7 @@ class KVCache:
         same source, as beam reordering does, so the work is proportional to the filled prefix only.
         """
         n = self.length
-        for ck, cv in self.self_kv:
+        for ck, cv in [*self.self_kv, *(self._float_kv or [])]:
             ck[:, :n], cv[:, :n] = ck[rows, :n], cv[rows, :n]
         self.key_mask[:, :n] = self.key_mask[rows, :n]
 
@@ -150,7 +169,7 @@ class Decoder(nn.Module):
         start, memory_mask = cache.length, cache.memory_mask[:, None, None, :]           # (B, 1, 1, S)
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
-                y = record("out", layer(y, cache.memory_kv[i], memory_mask, self_mask,
+                y = record("out", layer(y, cache.memory_kv_of(i), memory_mask, self_mask,
                                         functools.partial(cache.write, i, start)))
         cache.length = start + y.shape[1]
         return y if self.final_norm is None else self.final_norm(y)
@@ -185,7 +204,7 @@ class Transformer(nn.Module):
     def _of(cls, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None
                  ) -> Transformer:
         """A model holding ``params`` (checked by ``spec.weights_io.check_params``), built without drawing the
-        seed's initialisation first (1.4 s for ``base``)."""
+        seed's initialisation first (slow at the paper's sizes)."""
         model = cls.__new__(cls)
         nn.Module.__init__(model)
         model._build(config, device)
@@ -290,7 +309,10 @@ class Transformer(nn.Module):
 
     def output_projection(self, h: Tensor) -> Tensor:
         """Tied output projection h E^T (section 3.4, rule 7): (B, n, D) -> (B, n, V) float32, never rounded."""
-        return project("bnd,vd->bnv", h, self.embedding, out_dtype=torch.float32)
+        if h.is_cuda:
+            return project("bnd,vd->bnv", h, self.embedding, out_dtype=torch.float32)
+        table = as_float(self.embedding, h.dtype)                                        # (V, D) fp32
+        return (h.reshape(-1, h.shape[-1]).float() @ table.T).reshape(*h.shape[:-1], -1)  # one 2-D GEMM
 
     # ------------------------------------------------------------- unchecked internals (validated ids)
 
@@ -301,11 +323,15 @@ class Transformer(nn.Module):
 
     def _init_cache(self, memory: Tensor, src: Tensor, capacity: int) -> KVCache:
         c, B = self.config, memory.shape[0]
-        empty = lambda d: torch.empty(B, capacity, c.n_heads, d, dtype=memory.dtype, device=memory.device)  # noqa: E731
+        # Keys and values are (B, L, H, K) views of (B, H, L, K) memory: attention's per-head products read them
+        # in place (``scaled_dot_product_attention``) instead of copying the whole prefix at every step.
+        empty = lambda d: torch.empty(B, c.n_heads, capacity, d, dtype=memory.dtype,  # noqa: E731
+                                      device=memory.device).transpose(1, 2)
+        heads_major = lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
         return KVCache(
             self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in self.decoder.layers],
             key_mask=torch.zeros(B, capacity, dtype=torch.bool, device=memory.device),
-            memory_kv=[layer.cross_attn.project_kv(memory) for layer in self.decoder.layers],
+            memory_kv=[tuple(map(heads_major, layer.cross_attn.project_kv(memory))) for layer in self.decoder.layers],
             memory_mask=key_padding_mask(src, c.pad_id))
 
     def _decode(self, tokens: Tensor, cache: KVCache) -> Tensor:

@@ -77,7 +77,7 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, n_in: int = 1) -> T
     -> (..., *O) in ``x.dtype``, the same numerics as ``project``.
 
     One 2-D ``torch.mm`` of the flattened operands: for the few rows of a decode step it is faster than the
-    batched product ``einsum`` makes of it, and it never copies the weight (measured by ``nox -s bench``).
+    batched product ``einsum`` makes of it, and it never copies the weight (a profile of ``base`` decode steps).
     """
     lead, n = x.shape[:x.dim() - n_in], math.prod(w.shape[:n_in])
     x2 = x.reshape(-1, n)                                                       # (rows, I)

@@ -158,14 +158,16 @@ def _peak(runs: list[dict[str, Any]], fw: str) -> float | None:
 
 
 def forward_table(runs: list[dict[str, Any]]) -> str:
-    rows = ["| model | dtype | ms | GFLOP/s | % of own fp32 GEMM | % of own bf16 GEMM | % of GPU bf16 peak "
-            "| × fastest | first call s |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | dtype | ms | min–max ms | GFLOP/s | % of own fp32 GEMM | % of own bf16 GEMM "
+            "| % of GPU bf16 peak | × fastest | first call s |", "|---|---|---|---|---|---|---|---|---|---|"]
     recs = _records(runs, "forward")
     fastest = min((r["timing"]["median_s"] for r in recs), default=None)
     for r in recs:
         rate, rates, peak = r["metrics"]["flop_per_s"], _rates(runs, r["framework"]), _peak(runs, r["framework"])
         pct = [f"{100 * rate / rates[d]:.0f}%" if d in rates else "—" for d in ("float32", "bfloat16")]
-        rows.append(f"| {r['subject']} | {r['dtype']} | {_ms(r)} | {rate / 1e9:,.0f} | {pct[0]} | {pct[1]} | "
+        spread = f"{r['timing']['min_s'] * 1e3:,.0f}–{r['timing']['max_s'] * 1e3:,.0f}"  # ratios inside it are noise
+        rows.append(f"| {r['subject']} | {r['dtype']} | {_ms(r)} | {spread} | {rate / 1e9:,.0f} | {pct[0]} | "
+                    f"{pct[1]} | "
                     f"{f'{100 * rate / peak:.1f}%' if peak else '—'} | "
                     f"{r['timing']['median_s'] / fastest:.2f} | {r['timing']['first_s']:.1f} |")
     return "\n".join(rows)

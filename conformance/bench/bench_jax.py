@@ -86,7 +86,7 @@ def ours(config: Config, params: dict[str, np.ndarray], device: str) -> Ours:
     return Ours(config, params)
 
 
-class FlaxPeer:
+class Peer:
     """Flax's stock parts as a Transformer (``flax.nnx``: the API Flax recommends for new code): an ``nnx.Embed``
     shared by source and target with the tied output ``attend``, sinusoidal PE, post-LN layers of
     ``nnx.MultiHeadAttention``, ``nnx.Linear`` and ``nnx.LayerNorm``, no dropout; the forward ``jax.jit``-compiled
@@ -128,7 +128,7 @@ class FlaxPeer:
                 self.embed = nnx.Embed(c.vocab_size, D, dtype=dt, rngs=rngs)
                 self.encoder = nnx.List([Layer(False) for _ in range(c.n_encoder_layers)])
                 self.decoder = nnx.List([Layer(True) for _ in range(c.n_decoder_layers)])
-                self.pe = nnx.Variable(jnp.asarray(_sinusoids(c.max_len, D)))  # (max_len, D) fp32, not trained
+                self.pe = nnx.Variable(impl_jax.layers.positional_encoding(c.max_len, D))  # (max_len, D) fp32
 
             def embed_tokens(self, ids):
                 x = self.embed(ids) * jnp.sqrt(jnp.asarray(D, dt))
@@ -154,12 +154,6 @@ class FlaxPeer:
         self._forward(self.state, jnp.asarray(src, jnp.int32), jnp.asarray(tgt_in, jnp.int32)).block_until_ready()
 
 
-def _sinusoids(length: int, d_model: int) -> np.ndarray:
-    """The paper's interleaved sin/cos table (section 3.5), (length, D) float32."""
-    angle = np.arange(length)[:, None] / 10000.0 ** (np.arange(0, d_model, 2)[None, :] / d_model)
-    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(length, d_model).astype(np.float32)
-
-
-def peer(config: Config, device: str) -> FlaxPeer:
+def peer(config: Config, device: str) -> Peer:
     """Flax's stock Transformer parts at ``config``'s sizes, in ``config.dtype``, with Flax's default init."""
-    return FlaxPeer(config)
+    return Peer(config)

@@ -108,8 +108,7 @@ class _KerasTransformer(keras.Model):
         layer = dict(dtype=policy)
         D = c.d_model
         self.embedding = keras.layers.Embedding(c.vocab_size, D, **layer)
-        pos = np.arange(c.max_len)[:, None] / 10000.0 ** (np.arange(0, D, 2)[None, :] / D)  # (max_len, D/2)
-        self.pe = tf.constant(np.stack([np.sin(pos), np.cos(pos)], -1).reshape(c.max_len, D), tf.float32)
+        self.pe = impl_tf.positional_encoding(c.max_len, D)                              # (max_len, D) fp32
         self.scale = math.sqrt(D)
 
         def attention():

@@ -7,9 +7,7 @@ finished (``.cpu()`` of the result; ``torch.cuda.synchronize()`` on CUDA). Run b
 from __future__ import annotations
 
 import math
-import platform
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +30,7 @@ def setup(device: str) -> dict[str, Any]:
         env.update(device_name=torch.cuda.get_device_name(), cuda=torch.version.cuda,
                    cudnn=torch.backends.cudnn.version())
     else:
-        env["device_name"] = _cpu_name()
+        env["device_name"] = "cpu"  # the CPU model is in the run's machine record
     return env
 
 
@@ -147,12 +145,3 @@ def peer(config: Config, device: str) -> Peer:
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def _cpu_name() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-                platform.processor())

@@ -53,17 +53,17 @@ if TYPE_CHECKING:  # shape hints for readers and type checkers (jaxtyping); noth
 class KVCache(NamedTuple):
     """Decoder state for incremental decoding, preallocated to a fixed capacity P (a pytree).
 
-    self_kv: per decoder layer, self-attention k (B, P, H, K) and v (B, P, H, C);
+    self_kv: per decoder layer, self-attention k (B, H, P, K) and v (B, H, P, C);
         positions ``length ..`` are not written yet.
     key_mask: (B, P) bool, True where a key is written and is not padding.
-    memory_kv: per decoder layer, cross-attention k (B, S, H, K) and v (B, S, H, C)
+    memory_kv: per decoder layer, cross-attention k (B, H, S, K) and v (B, H, S, C)
         of the encoder output, computed once per source.
     memory_mask: (B, S) bool, True where the source token is not padding.
     length: () int32, the number of positions written.
     """
-    self_kv: tuple[tuple[Float[jax.Array, "B P H K"], Float[jax.Array, "B P H C"]], ...]
+    self_kv: tuple[tuple[Float[jax.Array, "B H P K"], Float[jax.Array, "B H P C"]], ...]
     key_mask: Bool[jax.Array, "B P"]
-    memory_kv: tuple[tuple[Float[jax.Array, "B S H K"], Float[jax.Array, "B S H C"]], ...]
+    memory_kv: tuple[tuple[Float[jax.Array, "B H S K"], Float[jax.Array, "B H S C"]], ...]
     memory_mask: Bool[jax.Array, "B S"]
     length: Int[jax.Array, ""]
 
@@ -170,7 +170,7 @@ def encoder_stack(params: Params, src: jax.Array, config: Config) -> jax.Array:
 def empty_cache(params: Params, memory: jax.Array, src: jax.Array, capacity: int, config: Config) -> KVCache:
     """A ``KVCache`` of static ``capacity`` with the cross-attention K/V of ``memory`` (B, S, D)."""
     B, H, dt = memory.shape[0], config.n_heads, memory.dtype
-    empty = (jnp.zeros((B, capacity, H, config.d_k), dt), jnp.zeros((B, capacity, H, config.d_v), dt))
+    empty = (jnp.zeros((B, H, capacity, config.d_k), dt), jnp.zeros((B, H, capacity, config.d_v), dt))
     memory_kv = tuple(layers.attention_kv(p["cross_attn"], memory) for p in params["decoder"]["layers"])
     return KVCache(tuple(empty for _ in memory_kv), jnp.zeros((B, capacity), bool), memory_kv,
                    src != config.pad_id, jnp.zeros((), jnp.int32))

@@ -124,21 +124,29 @@ class Embedding(tf.Module):
 # ----------------------------------------------------------------- attention
 
 def scaled_dot_product_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-    """softmax(Q K^T / sqrt(d_k)) V (equation 1).
+    """softmax(Q K^T / sqrt(d_k)) V (equation 1), in the spec's layout.
 
     q (B, T, H, K), k (B, S, H, K), v (B, S, H, C) in the activation dtype; mask bool broadcastable to
-    (B, H, T, S), True = may attend. Returns (B, T, H, C) in q's dtype. Scores, masking and the
-    max-subtracted softmax are fp32; masked keys get ``MASKED_SCORE`` (finite, so a fully masked row stays
-    finite); probabilities are rounded to the activation dtype before ``P V``.
+    (B, H, T, S), True = may attend. Returns (B, T, H, C) in q's dtype. ``MultiHeadAttention`` calls
+    ``attention`` on heads-major keys and values instead.
+    """
+    return attention(q, tf.transpose(k, [0, 2, 1, 3]), tf.transpose(v, [0, 2, 1, 3]), mask)
 
+
+def attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+    """``scaled_dot_product_attention`` over heads-major k (B, H, S, K), v (B, H, S, C), the KV cache's layout:
+    -> (B, T, H, C).
+
+    Scores, masking and the max-subtracted softmax are fp32; masked keys get ``MASKED_SCORE`` (finite, so a
+    fully masked row stays finite); probabilities are rounded to the activation dtype before ``P V``.
     TensorFlow has no fused attention kernel outside Keras; under ``jit_compile`` XLA fuses this plain path.
     """
     scale = tf.constant(1.0 / math.sqrt(q.shape[-1]), tf.float32)
-    scores = tf.einsum("bthk,bshk->bhts", tf.cast(q, tf.float32), tf.cast(k, tf.float32)) * scale  # (B, H, T, S)
+    scores = tf.einsum("bthk,bhsk->bhts", tf.cast(q, tf.float32), tf.cast(k, tf.float32)) * scale  # (B, H, T, S)
     scores = tf.where(mask, scores, MASKED_SCORE)
     e = tf.exp(scores - tf.reduce_max(scores, axis=-1, keepdims=True))
     probs = tf.cast(e / tf.reduce_sum(e, axis=-1, keepdims=True), q.dtype)                         # (B, H, T, S)
-    out = tf.einsum("bhts,bshc->bthc", tf.cast(probs, tf.float32), tf.cast(v, tf.float32))         # (B, T, H, C)
+    out = tf.einsum("bhts,bhsc->bthc", tf.cast(probs, tf.float32), tf.cast(v, tf.float32))         # (B, T, H, C)
     return tf.cast(out, q.dtype)
 
 
@@ -155,13 +163,15 @@ class MultiHeadAttention(tf.Module):
         self.w_v, self.w_o = _variable(params, f"{path}.w_v"), _variable(params, f"{path}.w_o")  # (D, H, C), (H, C, D)
 
     def key_value(self, x_kv: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Key and value projections: (B, S, D) -> k (B, S, H, K), v (B, S, H, C)."""
-        return _tensordot(x_kv, self.w_k), _tensordot(x_kv, self.w_v)
+        """Key and value projections, heads-major as the KV cache holds them: (B, S, D) -> k (B, H, S, K),
+        v (B, H, S, C)."""
+        return tuple(tf.transpose(_tensordot(x_kv, w), [0, 2, 1, 3]) for w in (self.w_k, self.w_v))
 
     def attend(self, x_q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-        """Query projection, attention over projected (k, v), output projection: (B, T, D) -> (B, T, D)."""
+        """Query projection, attention over heads-major k (B, H, S, K), v (B, H, S, C) computed earlier (the KV
+        cache, cross-attention), output projection: (B, T, D) -> (B, T, D)."""
         q = _tensordot(x_q, self.w_q)                                     # (B, T, H, K)
-        o = scaled_dot_product_attention(q, k, v, mask)                   # (B, T, H, C)
+        o = attention(q, k, v, mask)                                      # (B, T, H, C)
         return _tensordot(o, self.w_o, axes=2)                            # (B, T, D)
 
     def __call__(self, x_q: tf.Tensor, x_kv: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
@@ -255,11 +265,12 @@ class EncoderLayer(tf.Module):
 
 
 def write_kv(cache: tf.Tensor, new: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
-    """Write ``new`` (B, n, ...) into a preallocated ``cache`` (B, T_max, ...) at positions ``start...start+n-1``."""
-    B, n = tf.shape(new)[0], tf.shape(new)[1]
-    b = tf.broadcast_to(tf.range(B)[:, None], [B, n])                       # (B, n)
-    t = tf.broadcast_to(start + tf.range(n)[None, :], [B, n])               # (B, n)
-    return tf.tensor_scatter_nd_update(cache, tf.stack([b, t], axis=-1), new)
+    """Write ``new`` (B, n) or (B, H, n, K) into a preallocated ``cache`` (B, P) or (B, H, P, K) at positions
+    ``start...start+n-1``: a scatter of whole rows (XLA updates a loop-carried cache in place)."""
+    lead = tf.shape(new)[:2] if new.shape.rank == 2 else tf.shape(new)[:3]               # (B, n) or (B, H, n)
+    grid = tf.meshgrid(*(tf.range(d) for d in tf.unstack(lead)), indexing="ij")
+    grid[-1] += start                                                                    # positions from start
+    return tf.tensor_scatter_nd_update(cache, tf.stack(grid, axis=-1), new)
 
 
 class DecoderLayer(tf.Module):
@@ -283,15 +294,15 @@ class DecoderLayer(tf.Module):
                  ) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
         """n new tokens at positions ``start...`` against this layer's cache.
 
-        y (B, n, D); self_kv: preallocated (k (B, T_max, H, K), v (B, T_max, H, C)) holding positions
+        y (B, n, D); self_kv: preallocated (k (B, H, T_max, K), v (B, H, T_max, C)) holding positions
         < start; self_mask (B, 1, n, T_max) (causal and key padding, False beyond the written positions);
-        memory_kv: cross-attention (k (B, S, H, K), v (B, S, H, C)), computed once per source; memory_mask
+        memory_kv: cross-attention (k (B, H, S, K), v (B, H, S, C)), computed once per source; memory_mask
         (B, 1, 1, S). Returns (B, n, D) and self_kv with the new keys/values written at ``start...``.
         """
         new_kv = []
 
         def self_attn(h):
-            k, v = self.self_attn.key_value(h)                                       # (B, n, H, K), (B, n, H, C)
+            k, v = self.self_attn.key_value(h)                                       # (B, H, n, K), (B, H, n, C)
             new_kv.extend(write_kv(cache, new, start) for cache, new in zip(self_kv, (k, v), strict=True))
             return self.self_attn.attend(h, *new_kv, self_mask)
 

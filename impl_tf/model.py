@@ -43,9 +43,9 @@ class KVCache(NamedTuple):
     cross-attention keys/values are computed once per source (``Transformer.init_cache``).
     """
 
-    self_kv: tuple[tuple[Float[tf.Tensor, "B P H K"], Float[tf.Tensor, "B P H C"]], ...]  # per decoder layer
+    self_kv: tuple[tuple[Float[tf.Tensor, "B H P K"], Float[tf.Tensor, "B H P C"]], ...]  # per decoder layer
     key_mask: Bool[tf.Tensor, "B P"]  # True = a written, non-pad target position
-    memory_kv: tuple[tuple[Float[tf.Tensor, "B S H K"], Float[tf.Tensor, "B S H C"]], ...]  # per decoder layer
+    memory_kv: tuple[tuple[Float[tf.Tensor, "B H S K"], Float[tf.Tensor, "B H S C"]], ...]  # per decoder layer
     memory_mask: Bool[tf.Tensor, "B S"]  # True = non-pad source position
     length: Int[tf.Tensor, ""]  # int32: positions written so far
 
@@ -107,7 +107,7 @@ class Decoder(tf.Module):
     def init_cache(self, memory: tf.Tensor, src: tf.Tensor, capacity: int | tf.Tensor) -> KVCache:
         """An empty cache of ``capacity`` target positions for memory (B, S, D) of source src (B, S)."""
         c, B = self.c, tf.shape(memory)[0]
-        zeros = lambda d: tf.zeros([B, capacity, c.n_heads, d], memory.dtype)  # noqa: E731
+        zeros = lambda d: tf.zeros([B, c.n_heads, capacity, d], memory.dtype)  # noqa: E731
         return KVCache(self_kv=tuple((zeros(c.d_k), zeros(c.d_v)) for _ in self.layers),
                        key_mask=tf.zeros([B, capacity], tf.bool),
                        memory_kv=tuple(layer.cross_attn.key_value(memory) for layer in self.layers),
@@ -180,7 +180,7 @@ class Transformer(tf.Module):
     def _cache_spec(self) -> KVCache:
         """Shape-polymorphic signature of a KVCache: one trace serves every batch size and capacity."""
         c, act = self.config, self.embedding.dtype
-        kv = ((tf.TensorSpec([None, None, c.n_heads, c.d_k], act), tf.TensorSpec([None, None, c.n_heads, c.d_v], act)),
+        kv = ((tf.TensorSpec([None, c.n_heads, None, c.d_k], act), tf.TensorSpec([None, c.n_heads, None, c.d_v], act)),
               ) * c.n_decoder_layers
         return KVCache(self_kv=kv, key_mask=tf.TensorSpec([None, None], tf.bool), memory_kv=kv,
                        memory_mask=tf.TensorSpec([None, None], tf.bool), length=tf.TensorSpec([], tf.int32))

@@ -1,8 +1,9 @@
 """The Transformer's layers (Vaswani et al., 2017, section 3) under the numerics contract of ``spec.numerics``.
 
 Shape letters: B batch, S source length, T target length, D d_model, H n_heads, K d_k, C d_v, F d_ff.
-Attention tensors are laid out (B, L, H, K), the spec's layout and the KV cache's: a cache write per step is a
-slice along L, and ``torch.nn.functional.scaled_dot_product_attention`` gets (B, H, L, K) transposed views.
+Queries are laid out (B, L, H, K); keys and values heads-major (B, H, L, K), the KV cache's layout
+(``spec.api``): a cache write per step is a slice along L, and attention's per-head products and
+``torch.nn.functional.scaled_dot_product_attention`` read them in place.
 
 Rounding (contract rule 2): every product takes operands in the activation dtype, accumulates in fp32 and is
 rounded to the activation dtype once, after its bias; ``project`` is the one place that does it.
@@ -157,16 +158,24 @@ class Embedding(nn.Module):
 # ----------------------------------------------------------------- attention
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, fused: bool = False) -> Tensor:
-    """softmax(Q K^T / sqrt(d_k)) V (equation 1, rule 4).
+    """softmax(Q K^T / sqrt(d_k)) V (equation 1, rule 4), in the spec's layout.
 
     q (B, T, H, K), k (B, S, H, K), v (B, S, H, C), mask bool broadcastable to (B, H, T, S), True = may attend.
-    Returns (B, T, H, C) in ``q.dtype``, the activation dtype. ``k`` and ``v`` are in ``q.dtype`` or are fp32
-    tensors holding values of it (the exact upcast the KV cache keeps on the CPU, ``KVCache``). A query row whose
-    keys are all masked gets a finite output.
+    Returns (B, T, H, C) in ``q.dtype``, the activation dtype. A query row whose keys are all masked gets a finite
+    output. ``MultiHeadAttention`` calls ``attention`` on heads-major keys and values instead.
+    """
+    return attention(q, k.transpose(1, 2), v.transpose(1, 2), mask, fused)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, fused: bool = False) -> Tensor:
+    """``scaled_dot_product_attention`` over heads-major k (B, H, S, K), v (B, H, S, C): -> (B, T, H, C).
+
+    ``k`` and ``v`` are in ``q.dtype`` or are fp32 tensors holding values of it (the exact upcast the KV cache
+    keeps on the CPU, ``KVCache``).
 
     The plain path (default) is the contract written out: fp32 scores, scaled in fp32, masked with
     ``MASKED_SCORE``, fp32 max-subtracted softmax, probabilities rounded to ``q.dtype`` before P V.
-    ``fused=True`` calls ``torch.nn.functional.scaled_dot_product_attention`` on (B, H, L, K) views. Its CUDA
+    ``fused=True`` calls ``torch.nn.functional.scaled_dot_product_attention``. Its CUDA
     kernels (flash, memory-efficient) keep scores and softmax in fp32 and round the *unnormalised* probabilities
     to bf16 before P V, normalising in fp32 after: one rounding per probability, as the contract asks, in a
     slightly different place. Its CPU kernel keeps the probabilities in fp32 (measured on the golden SDPA cases:
@@ -174,20 +183,18 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, 
     becomes an additive bias of the dtype's most negative finite value, so fully masked rows stay finite.
     """
     dtype = q.dtype
+    q = q.transpose(1, 2)                                                   # (B, H, T, K) view
     if fused:
         k, v = k.to(dtype), v.to(dtype)                                     # exact: values of ``dtype``
         bias = torch.zeros(mask.shape, dtype=dtype, device=q.device).masked_fill(~mask, torch.finfo(dtype).min)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                   # (B, H, L, K) views
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))
         return o.transpose(1, 2)                                            # (B, T, H, C)
-    # Products batched over (B, H) on transposed views: no copy of fp32 keys/values laid out (B, H, S, K) in
-    # memory, as the KV cache keeps them; bf16 ones are upcast once, exactly (a bf16 product is exact in fp32).
-    k_t = k.transpose(1, 2).float().transpose(2, 3)                         # (B, H, K, S) fp32
-    scores = torch.matmul(q.transpose(1, 2).float(), k_t)                   # (B, H, T, S) fp32, never rounded
+    # bf16 keys/values are upcast once, exactly (a product of two bf16 values is exact in fp32).
+    scores = torch.matmul(q.float(), k.float().transpose(2, 3))             # (B, H, T, S) fp32, never rounded
     scores = scores * (1.0 / math.sqrt(q.shape[-1]))                        # scaled in fp32
     scores = scores.masked_fill(~mask, MASKED_SCORE)                        # masked keys get exactly zero weight
     probs = torch.softmax(scores, dim=-1).to(dtype)                        # fp32 softmax, rounded before P V
-    o = torch.matmul(probs.float(), v.transpose(1, 2).float())              # (B, H, T, C) fp32 accumulation
+    o = torch.matmul(probs.float(), v.float())                              # (B, H, T, C) fp32 accumulation
     return o.to(dtype).transpose(1, 2)                                      # (B, T, H, C), rounded once
 
 
@@ -212,14 +219,14 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Parameter(torch.empty(H, C, D, **kw))
 
     def project_kv(self, x_kv: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S, D) -> k (B, S, H, K), v (B, S, H, C)."""
-        return linear(x_kv, self.w_k), linear(x_kv, self.w_v)
+        """(B, S, D) -> heads-major k (B, H, S, K), v (B, H, S, C), the KV cache's layout (transposed views)."""
+        return linear(x_kv, self.w_k).transpose(1, 2), linear(x_kv, self.w_v).transpose(1, 2)
 
     def attend(self, x_q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """Queries x_q (B, T, D) over k (B, S, H, K), v (B, S, H, C); mask (B, 1, T or 1, S) -> (B, T, D)."""
+        """Queries x_q (B, T, D) over k (B, H, S, K), v (B, H, S, C); mask (B, 1, T or 1, S) -> (B, T, D)."""
         q = linear(x_q, self.w_q)                                               # (B, T, H, K)
         fused = q.is_cuda if self.fused is None else self.fused
-        o = scaled_dot_product_attention(q, k, v, mask, fused)                  # (B, T, H, C)
+        o = attention(q, k, v, mask, fused)                                     # (B, T, H, C)
         return linear(o, self.w_o, n_in=2)                                      # (B, T, D)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, mask: Tensor) -> Tensor:
@@ -335,9 +342,9 @@ class DecoderLayer(nn.Module):
         (without it, the n new positions attend among themselves, t = n). Records names relative to the layer.
         """
         def self_attn(h: Tensor) -> Tensor:
-            k, v = self.self_attn.project_kv(h)                                 # (B, n, H, K), (B, n, H, C)
+            k, v = self.self_attn.project_kv(h)                                 # (B, H, n, K), (B, H, n, C)
             if append_kv is not None:
-                k, v = append_kv(k, v)                                          # (B, t, H, K), (B, t, H, C)
+                k, v = append_kv(k, v)                                          # (B, H, t, K), (B, H, t, C)
             return self.self_attn.attend(h, k, v, self_mask)
 
         y = self.self_attn_norm(y, self_attn, "self_attn")

@@ -42,16 +42,16 @@ class KVCache:
     """Decoder state for incremental decoding (the decoder of section 3.1, a few positions per call); fields in
     the order of ``spec.api.KV_CACHE_FIELDS``.
 
-    self_kv[l]: layer l's self-attention (k (B, P, H, K), v (B, P, H, C)), preallocated for P = ``capacity``
+    self_kv[l]: layer l's self-attention (k (B, H, P, K), v (B, H, P, C)), preallocated for P = ``capacity``
     target positions; key_mask (B, P) bool, True at a written non-pad position; memory_kv[l]: layer l's
-    cross-attention (k (B, S, H, K), v (B, S, H, C)) of the encoder output, computed once; memory_mask (B, S)
+    cross-attention (k (B, H, S, K), v (B, H, S, C)) of the encoder output, computed once; memory_mask (B, S)
     bool, True at a non-pad source position; ``length``: the positions written. ``Transformer.decode`` writes
     the cache it is given in place and returns it.
     """
 
-    self_kv: list[tuple[Float[Tensor, "B P H K"], Float[Tensor, "B P H C"]]]
+    self_kv: list[tuple[Float[Tensor, "B H P K"], Float[Tensor, "B H P C"]]]
     key_mask: Bool[Tensor, "B P"]
-    memory_kv: list[tuple[Float[Tensor, "B S H K"], Float[Tensor, "B S H C"]]]
+    memory_kv: list[tuple[Float[Tensor, "B H S K"], Float[Tensor, "B H S C"]]]
     memory_mask: Bool[Tensor, "B S"]
     length: int = 0
 
@@ -62,7 +62,7 @@ class KVCache:
         first = self.self_kv[0][0] if self.self_kv else None
         self._float_kv = self._float_memory_kv = None
         if first is not None and first.dtype != torch.float32 and not first.is_cuda:
-            self._float_kv = [(k.float(), v.float()) for k, v in self.self_kv]  # same memory layout
+            self._float_kv = [(k.float(), v.float()) for k, v in self.self_kv]
             self._float_memory_kv = [(k.float(), v.float()) for k, v in self.memory_kv]
 
     def memory_kv_of(self, layer: int) -> tuple[Tensor, Tensor]:
@@ -75,16 +75,16 @@ class KVCache:
         return self.key_mask.shape[1]
 
     def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k (B, n, H, K), v (B, n, H, C) of positions start..start+n-1 of ``layer``; return the keys
-        (B, t, H, K) and values (B, t, H, C) of positions 0..t-1, t = start + n (fp32 on the CPU: the exact copy
+        """Store k (B, H, n, K), v (B, H, n, C) of positions start..start+n-1 of ``layer``; return the keys
+        (B, H, t, K) and values (B, H, t, C) of positions 0..t-1, t = start + n (fp32 on the CPU: the exact copy
         kept beside a bf16 cache)."""
-        end = start + k.shape[1]
+        end = start + k.shape[2]
         ck, cv = self.self_kv[layer]
-        ck[:, start:end], cv[:, start:end] = k, v
+        ck[:, :, start:end], cv[:, :, start:end] = k, v
         if self._float_kv is not None:  # the fp32 copy (``__post_init__``), exact, which attention reads
             ck, cv = self._float_kv[layer]
-            ck[:, start:end], cv[:, start:end] = k, v
-        return ck[:, :end], cv[:, :end]
+            ck[:, :, start:end], cv[:, :, start:end] = k, v
+        return ck[:, :, :end], cv[:, :, :end]
 
     def select(self, rows: Tensor) -> None:
         """Reorder the self-attention state to batch rows ``rows`` (B,), in place (beam search).
@@ -94,7 +94,7 @@ class KVCache:
         """
         n = self.length
         for ck, cv in [*self.self_kv, *(self._float_kv or [])]:
-            ck[:, :n], cv[:, :n] = ck[rows, :n], cv[rows, :n]
+            ck[:, :, :n], cv[:, :, :n] = ck[rows, :, :n], cv[rows, :, :n]
         self.key_mask[:, :n] = self.key_mask[rows, :n]
 
 
@@ -283,7 +283,7 @@ class Transformer(nn.Module):
 
     def init_cache(self, memory: Float[Tensor, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty KV cache for decoding up to ``capacity`` target positions against ``memory`` (B, S, D) of
-        ``src`` (B, S): computes every decoder layer's cross-attention keys/values (B, S, H, K|C) once.
+        ``src`` (B, S): computes every decoder layer's cross-attention keys/values (B, H, S, K|C) once.
 
         Raises:
             ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]).
@@ -323,15 +323,14 @@ class Transformer(nn.Module):
 
     def _init_cache(self, memory: Tensor, src: Tensor, capacity: int) -> KVCache:
         c, B = self.config, memory.shape[0]
-        # Keys and values are (B, L, H, K) views of (B, H, L, K) memory: attention's per-head products read them
-        # in place (``scaled_dot_product_attention``) instead of copying the whole prefix at every step.
-        empty = lambda d: torch.empty(B, c.n_heads, capacity, d, dtype=memory.dtype,  # noqa: E731
-                                      device=memory.device).transpose(1, 2)
-        heads_major = lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
+        # Heads-major (B, H, L, K) memory: attention's per-head products read a prefix in place instead of copying
+        # the whole prefix at every step.
+        empty = lambda d: torch.empty(B, c.n_heads, capacity, d, dtype=memory.dtype, device=memory.device)  # noqa: E731
         return KVCache(
             self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in self.decoder.layers],
             key_mask=torch.zeros(B, capacity, dtype=torch.bool, device=memory.device),
-            memory_kv=[tuple(map(heads_major, layer.cross_attn.project_kv(memory))) for layer in self.decoder.layers],
+            memory_kv=[tuple(t.contiguous() for t in layer.cross_attn.project_kv(memory))
+                       for layer in self.decoder.layers],
             memory_mask=key_padding_mask(src, c.pad_id))
 
     def _decode(self, tokens: Tensor, cache: KVCache) -> Tensor:

@@ -80,7 +80,7 @@ def _layer_fn(layer, c):
 
     def decoder_layer(p, y, memory, self_mask, memory_mask):
         B, T = y.shape[:2]
-        empty = (jnp.zeros((B, T, c.n_heads, c.d_k), dt), jnp.zeros((B, T, c.n_heads, c.d_v), dt))
+        empty = (jnp.zeros((B, c.n_heads, T, c.d_k), dt), jnp.zeros((B, c.n_heads, T, c.d_v), dt))
         out, _ = layers.decoder_layer(p, y, empty, layers.attention_kv(p["cross_attn"], memory), self_mask,
                                       memory_mask, 0, c)
         return {"out": out}

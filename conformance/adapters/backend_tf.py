@@ -93,7 +93,7 @@ class TFModel:
         """One decoder layer over T tokens from an empty cache of capacity T, with the given masks."""
         y, c = i["y"], self.config
         B, T = y.shape[0], y.shape[1]
-        empty = (tf.zeros([B, T, c.n_heads, c.d_k], y.dtype), tf.zeros([B, T, c.n_heads, c.d_v], y.dtype))
+        empty = (tf.zeros([B, c.n_heads, T, c.d_k], y.dtype), tf.zeros([B, c.n_heads, T, c.d_v], y.dtype))
         out, _ = layer(y, empty, 0, i["self_mask"], layer.cross_attn.key_value(i["memory"]), i["memory_mask"])
         return out.numpy()
 

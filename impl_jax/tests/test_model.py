@@ -153,9 +153,9 @@ def test_kv_cache_one_token_at_a_time_and_in_chunks_matches_forward(tiny, tokens
     cache = tiny.init_cache(memory, src, capacity=6)
     assert isinstance(cache, impl_jax.KVCache) and cache._fields == (
         "self_kv", "key_mask", "memory_kv", "memory_mask", "length")
-    assert cache.self_kv[0][0].shape == (2, 6, c.n_heads, c.d_k) and cache.self_kv[0][1].shape == (
-        2, 6, c.n_heads, c.d_v)
-    assert cache.memory_kv[0][0].shape == (2, 7, c.n_heads, c.d_k) and cache.memory_mask.shape == (2, 7)
+    assert cache.self_kv[0][0].shape == (2, c.n_heads, 6, c.d_k) and cache.self_kv[0][1].shape == (
+        2, c.n_heads, 6, c.d_v)                                 # heads-major (spec.api)
+    assert cache.memory_kv[0][0].shape == (2, c.n_heads, 7, c.d_k) and cache.memory_mask.shape == (2, 7)
     steps = []
     for a, b in ((0, 1), (1, 3), (3, 4), (4, 5)):              # chunks of 1 and 2 tokens
         logits, cache = tiny.decode(tgt[:, a:b], cache)

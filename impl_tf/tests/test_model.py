@@ -133,7 +133,8 @@ def test_token_ids_may_be_lists_arrays_or_tensors(model, tokens):
 
 
 def test_kv_cache_fields_and_layout(model, tokens):
-    """Fields as ``spec.api.KV_CACHE_FIELDS``; per layer (k, v) pairs (B, P, H, K), (B, P, H, C); masks; length."""
+    """Fields as ``spec.api.KV_CACHE_FIELDS``; per layer heads-major (k, v) pairs (B, H, P, K), (B, H, P, C); masks;
+    length."""
     c = model.config
     src, tgt_in = tokens(15, 2, 6), tokens(16, 2, 3, bos=True)
     src[1, 4:] = c.pad_id
@@ -141,8 +142,8 @@ def test_kv_cache_fields_and_layout(model, tokens):
     assert impl_tf.KVCache._fields == api.KV_CACHE_FIELDS
     assert len(cache.self_kv) == len(cache.memory_kv) == c.n_decoder_layers
     for (k, v), (mk, mv) in zip(cache.self_kv, cache.memory_kv, strict=True):
-        assert (tuple(k.shape), tuple(v.shape)) == ((2, 7, c.n_heads, c.d_k), (2, 7, c.n_heads, c.d_v))
-        assert (tuple(mk.shape), tuple(mv.shape)) == ((2, 6, c.n_heads, c.d_k), (2, 6, c.n_heads, c.d_v))
+        assert (tuple(k.shape), tuple(v.shape)) == ((2, c.n_heads, 7, c.d_k), (2, c.n_heads, 7, c.d_v))
+        assert (tuple(mk.shape), tuple(mv.shape)) == ((2, c.n_heads, 6, c.d_k), (2, c.n_heads, 6, c.d_v))
     np.testing.assert_array_equal(cache.memory_mask.numpy(), src != c.pad_id)
     assert not cache.key_mask.numpy().any() and int(cache.length) == 0
     _, cache = model.decode(tgt_in, cache)

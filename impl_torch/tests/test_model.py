@@ -113,8 +113,8 @@ def test_kv_cache_fields_and_layouts(ids, tiny):
     assert tuple(f.name for f in dataclasses.fields(cache)) == spec.api.KV_CACHE_FIELDS
     assert len(cache.self_kv) == len(cache.memory_kv) == c.n_decoder_layers
     for (k, v), (mk, mv) in zip(cache.self_kv, cache.memory_kv, strict=True):
-        assert k.shape == (B, P, c.n_heads, c.d_k) and v.shape == (B, P, c.n_heads, c.d_v)
-        assert mk.shape == (B, S, c.n_heads, c.d_k) and mv.shape == (B, S, c.n_heads, c.d_v)
+        assert k.shape == (B, c.n_heads, P, c.d_k) and v.shape == (B, c.n_heads, P, c.d_v)   # heads-major
+        assert mk.shape == (B, c.n_heads, S, c.d_k) and mv.shape == (B, c.n_heads, S, c.d_v)
     assert cache.key_mask.shape == (B, P) and cache.key_mask.dtype == torch.bool and not cache.key_mask.any()
     assert cache.memory_mask.dtype == torch.bool
     torch.testing.assert_close(cache.memory_mask, src != c.pad_id, rtol=0, atol=0)

@@ -126,12 +126,13 @@ def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask:
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """The plain path of ``scaled_dot_product_attention``, one contract rule per line, over heads-major
     k (B, H, S, K) and v (B, H, S, C), the KV cache's layout (XLA's batched dot over (B, S, H, K) ran
-    1.7-4x slower at decoding sizes): -> (B, T, H, C)."""
+    1.7-4x slower at decoding sizes): -> (B, T, H, C) in q's dtype, the activation dtype. k and v hold values
+    of that dtype, stored in it or in fp32 (the KV cache on the CPU, ``impl_jax.model.cache_dtype``)."""
     scores = einsum_f32("bthk,bhsk->bhts", q, k)                     # (B, H, T, S) fp32, never rounded
     scores = scores * jnp.asarray(1.0 / np.sqrt(q.shape[-1]), F32)  # scaled after the product, in fp32
     scores = jnp.where(mask, scores, MASKED_SCORE)                   # masked keys: exactly zero weight
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)          # max-subtracted fp32 softmax, rounded
-    return einsum_f32("bhts,bhsc->bthc", probs, v).astype(v.dtype)   # (B, T, H, C)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)          # max-subtracted fp32 softmax, rounded
+    return einsum_f32("bhts,bhsc->bthc", probs, v).astype(q.dtype)   # (B, T, H, C)
 
 
 def attention_kv(params: Params, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -227,7 +228,7 @@ def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Ar
 
     def self_attn(h):
         k, v = attention_kv(params["self_attn"], h)                             # (B, H, n, K), (B, H, n, C)
-        cache["kv"] = tuple(lax.dynamic_update_slice_in_dim(c, new, start, axis=2)
+        cache["kv"] = tuple(lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, axis=2)
                             for c, new in zip(self_kv, (k, v), strict=True))    # (B, H, P, K|C)
         return attend(params["self_attn"], h, *cache["kv"], self_mask)
 

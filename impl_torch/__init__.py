@@ -24,6 +24,12 @@ always compute in evaluation mode); ``device=`` (keyword) places a model built b
 and returns it. On CUDA, compute inside ``with impl_torch.contract_numerics(): ...``, which turns off TF32 and
 bf16 partial reductions, process-wide flags the library never sets by itself.
 
+Training (section 5, ``spec.training``): ``state = init_train_state(model, train_config=None, seed=0)``;
+``loss, model, state = train_step(model, state, src, tgt_in, tgt_out)`` updates both in place and returns them;
+``loss_and_gradients(model, src, tgt_in, tgt_out, label_smoothing=0.1)`` gives the loss and fp32 gradients in
+evaluation mode; ``save_train_state(state, path)``, ``load_train_state(path, model)``. Dropout masks come from the
+state's ``torch.Generator``, never from torch's global RNG.
+
 Bad token ids and arguments raise the spec's ``ValueError`` (``spec.validate``) before anything is computed;
 NumPy integer and float scalars count as Python ones. Search never generates pad or BOS.
 """
@@ -42,13 +48,22 @@ from impl_torch.layers import (
                                scaled_dot_product_attention,
 )
 from impl_torch.model import Decoder, Encoder, KVCache, Transformer, to_array, to_tensor
+from impl_torch.train import (
+                              TrainState,
+                              init_train_state,
+                              load_train_state,
+                              loss_and_gradients,
+                              save_train_state,
+                              train_step,
+)
 from impl_torch.weights import from_params, load_weights, params_of, save_weights
 
 __version__ = "0.2.0"
 
 __all__ = [
     "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "SublayerConnection", "Transformer", "__version__", "beam_search", "contract_numerics",
-    "from_params", "greedy_search", "load_weights", "params_of", "positional_encoding", "save_weights",
-    "scaled_dot_product_attention", "to_array", "to_tensor",
+    "MultiHeadAttention", "SublayerConnection", "TrainState", "Transformer", "__version__", "beam_search",
+    "contract_numerics", "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights",
+    "loss_and_gradients", "params_of", "positional_encoding", "save_train_state", "save_weights",
+    "scaled_dot_product_attention", "to_array", "to_tensor", "train_step",
 ]

@@ -60,17 +60,44 @@ def as_float(w: Tensor, dtype: torch.dtype) -> Tensor:
     copy is made once and reused while the parameter is unchanged: the key is the parameter's version counter
     (bumped by every in-place write: optimiser steps, ``load_state_dict``, ``copy_``), storage, dtype and device,
     so a reused copy is always the one a fresh cast would give. While gradients are recorded the cast is done
-    every time, so that it stays differentiable.
+    every time (``rounded``), so that it stays differentiable and training never reads a stale copy.
     """
     if w.dtype == dtype == torch.float32:
         return w
     if torch.is_grad_enabled() or not isinstance(w, nn.Parameter) or w.is_inference():
-        return w.to(dtype).float()
+        return rounded(w, dtype)
     key = (w._version, w.data_ptr(), w.dtype, w.device, dtype)
     hit = _FLOAT_COPIES.get(w)
     if hit is None or hit[0] != key:
         hit = _FLOAT_COPIES[w] = (key, w.to(dtype).float())
     return hit[1]
+
+
+class _Rounded(torch.autograd.Function):
+    """``w.to(dtype).float()`` whose gradient passes through the rounding unchanged (``spec.training``)."""
+
+    @staticmethod
+    def forward(w: Tensor, dtype: torch.dtype) -> Tensor:
+        return w.to(dtype).float()
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, torch.dtype], output: Tensor) -> None:
+        ctx.w_dtype = inputs[0].dtype
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return grad.to(ctx.w_dtype), None
+
+
+def rounded(w: Tensor, dtype: torch.dtype) -> Tensor:
+    """``w`` rounded to ``dtype`` and held in fp32 (rule 0), the same values as ``w.to(dtype).float()``.
+
+    Differentiable as a straight-through rounding: the fp32 gradient of the rounded weight is the gradient of an
+    fp32 master ``w``, not rounded to ``dtype`` on its way back as autograd's own ``.to(dtype)`` would round it.
+    """
+    if w.requires_grad and torch.is_grad_enabled() and w.dtype != dtype:  # else autograd's cast rounds nothing
+        return _Rounded.apply(w, dtype)
+    return w.to(dtype).float()
 
 
 def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, n_in: int = 1) -> Tensor:
@@ -111,6 +138,26 @@ def contract_numerics() -> Iterator[None]:
         matmul.allow_tf32, cudnn.allow_tf32, matmul.allow_bf16_reduced_precision_reduction = before
 
 
+# ----------------------------------------------------------------- dropout
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` (section 5.4) that draws its masks from ``generator`` when one is set.
+
+    ``impl_torch.train_step`` sets the train state's ``torch.Generator`` here for the step, so masks never come
+    from (or advance) torch's global RNG; with none set it is plain ``nn.Dropout``. The identity in evaluation
+    (rule 8).
+    """
+
+    generator: torch.Generator | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0 or self.generator is None:
+            return super().forward(x)
+        keep = 1.0 - self.p
+        mask = torch.empty_like(x).bernoulli_(keep, generator=self.generator)   # x's shape, 1 = kept
+        return x * mask / keep                                                  # inverted dropout, rounded once
+
+
 # ----------------------------------------------------------------- embedding
 
 def positional_encoding(length: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
@@ -132,7 +179,7 @@ def embedding(table: Tensor, ids: Tensor, pe: Tensor, dtype: torch.dtype) -> Ten
     table (V, D), ids (B, L) int64, pe (L, D) float32 -> (B, L, D) ``dtype``. Rows of the table enter in ``dtype``
     (rule 0).
     """
-    x = F.embedding(ids, table).to(dtype).float() * math.sqrt(table.shape[-1])   # (B, L, D) fp32
+    x = rounded(F.embedding(ids, table), dtype) * math.sqrt(table.shape[-1])     # (B, L, D) fp32
     return (x + pe).to(dtype)
 
 
@@ -148,7 +195,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.dtype = DTYPES[config.dtype]
         self.register_buffer("pe", positional_encoding(config.max_len, config.d_model, device), persistent=False)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, table: Tensor, ids: Tensor, start: int = 0) -> Tensor:
         """ids (B, L) at positions start..start+L-1 -> (B, L, D) in the activation dtype."""
@@ -285,7 +332,7 @@ class SublayerConnection(LayerNorm):
     def __init__(self, config: Config, device: torch.device | str | None = None):
         super().__init__(config, device)
         self.norm_first = config.norm_first
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def add_norm(self, x: Tensor, y: Tensor) -> Tensor:
         """``LayerNorm(x + y)``, the residual add rounded first (rules 5, 6): the post-LN block given y."""

@@ -1,0 +1,248 @@
+"""Training as the paper did it (section 5): the label-smoothed loss, Adam with the warmup schedule, dropout.
+
+The definitions are ``spec.training``'s. The model's own forward computes the logits (the numerics contract as in
+evaluation); the loss is computed in fp32 from the float32 logits; gradients are taken with respect to fp32 copies
+of the parameters (``torch.func.functional_call``), so they are fp32 whatever ``param_dtype``, and a bf16 rounding
+of a weight passes its gradient through unchanged (``layers.rounded``). Adam is written out in a few tensor ops
+rather than ``torch.optim.Adam``: that keeps bf16 moments for bf16 parameters, which the spec forbids, and the
+moments here are canonical (keyed by ``spec.schema`` names), so they save and load in every framework.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from impl_torch.generate import evaluating
+from impl_torch.layers import Dropout
+from impl_torch.model import Ids, Transformer, device_ids, host_ids, to_array, to_tensor
+from spec import training, validate
+from spec.training import TrainConfig
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What training carries from step to step besides the weights (sections 5.3, 5.4).
+
+    ``m``, ``v``: Adam's first and second moments, {canonical name: float32 tensor of the parameter's shape} in
+    ``spec.schema`` order, on the model's device; ``step``: the updates done (0 at first); ``train_config``: the
+    ``spec.training.TrainConfig``; ``rng``: the ``torch.Generator`` (on the model's device) that dropout masks are
+    drawn from. ``train_step`` updates it in place.
+    """
+
+    m: dict[str, Tensor]
+    v: dict[str, Tensor]
+    step: int
+    train_config: TrainConfig
+    rng: torch.Generator
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def init_train_state(model: Transformer, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
+    """A fresh train state for ``model``: zero fp32 moments, step 0, ``train_config`` (None: ``TrainConfig()``),
+    the dropout generator seeded from ``seed`` (sections 5.3, 5.4).
+
+    Raises:
+        ValueError: if ``seed`` is not a non-negative int.
+    """
+    if not validate.is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    zeros = {name: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for name, p in model.named_parameters()}
+    return TrainState(m=zeros, v={name: z.clone() for name, z in zeros.items()}, step=0,
+                      train_config=TrainConfig() if train_config is None else train_config,
+                      rng=_generator(model.device, int(seed)))
+
+
+def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float = 0.1
+                       ) -> tuple[Tensor, dict[str, Tensor]]:
+    """The label-smoothed loss of ``spec.training`` (section 5.4) and its gradient, in evaluation mode (no dropout).
+
+    src (B, S), tgt_in (B, T), tgt_out (B, T) int ids. Returns (loss, a 0-d float32 tensor; {canonical name: float32
+    gradient of the parameter's shape} in ``spec.schema`` order). For fp32 parameters computing in bf16 these are
+    the gradients of the fp32 master weights; for bf16 parameters, of their fp32 values. The model's mode is left
+    as it was.
+
+    Raises:
+        ValueError: from ``spec.validate.check_forward`` and ``check_tokens("tgt_out", ...)``, if tgt_out's shape
+            differs from tgt_in's, or if every target is ``pad_id``; before anything is computed.
+    """
+    _check_batch(model, src, tgt_in, tgt_out)
+    with evaluating(model):
+        return _loss_and_gradients(model, src, tgt_in, tgt_out, label_smoothing)
+
+
+def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt_out: Ids
+               ) -> tuple[Tensor, Transformer, TrainState]:
+    """One Adam step on one batch in training mode (sections 5.3, 5.4): -> (loss, model, state).
+
+    src (B, S), tgt_in (B, T), tgt_out (B, T) int ids. Dropout at ``config.dropout`` with masks from
+    ``state.rng``; the loss as ``loss_and_gradients`` (label smoothing of ``state.train_config``); Adam's moments
+    and update in fp32 with the learning rate of equation 3 at step ``state.step + 1``; each parameter rounded back
+    to ``config.param_dtype``. ``model`` and ``state`` are updated in place and returned; every submodule is left in
+    the mode it had. The loss (0-d float32) is the batch's before the update.
+
+    Raises:
+        ValueError: as ``loss_and_gradients``, or if ``state`` was built for another model (parameter names or
+            shapes); before anything is computed.
+    """
+    _check_batch(model, src, tgt_in, tgt_out)
+    _check_state(model, state)
+    with _training(model, state.rng):
+        loss, grads = _loss_and_gradients(model, src, tgt_in, tgt_out, state.train_config.label_smoothing)
+    _adam_update(model, state, grads)
+    return loss, model, state
+
+
+def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
+    """Write ``state`` as safetensors: "m.<name>", "v.<name>" float32 in schema order, the generator's state as
+    "rng" (uint8), and metadata ``step``, ``train_config`` (JSON of its fields) and ``framework`` ("torch")."""
+    tensors = {f"{k}.{name}": to_array(t) for k in ("m", "v") for name, t in getattr(state, k).items()}
+    tensors["rng"] = state.rng.get_state().numpy()
+    meta = {"step": str(state.step), "train_config": json.dumps(dataclasses.asdict(state.train_config)),
+            "framework": "torch"}
+    safetensors.numpy.save_file(tensors, str(path), metadata=meta)
+
+
+def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
+    """The state ``save_train_state`` wrote, bit for bit, checked against ``model``'s parameter names and shapes.
+
+    A file written by another framework (or for another device's generator) keeps its moments, step and config;
+    its dropout generator is seeded afresh from 0, with a ``UserWarning`` that dropout masks will differ.
+
+    Raises:
+        ValueError: naming the file if it is unreadable or its metadata invalid, or naming the first moment that is
+            missing, unexpected, or of the wrong shape or dtype for ``model``.
+    """
+    try:
+        with safetensors.safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+        arrays = safetensors.numpy.load_file(str(path))
+        step, config = int(meta["step"]), TrainConfig(**json.loads(meta["train_config"]))
+    except (OSError, safetensors.SafetensorError, KeyError, TypeError, ValueError) as e:  # JSONDecodeError too
+        raise ValueError(f"{path}: not a train state file ({e!r})") from e
+    if step < 0:
+        raise ValueError(f"{path}: step must be >= 0, got {step}")
+    _check_moments(path, model, arrays)
+    moments = {k: {name: to_tensor(arrays[f"{k}.{name}"]).to(model.device) for name, _ in model.named_parameters()}
+               for k in ("m", "v")}
+    rng = _generator(model.device, 0)
+    framework, stored = meta.get("framework"), arrays.get("rng")
+    if framework == "torch" and stored is not None and stored.shape == tuple(rng.get_state().shape):
+        rng.set_state(torch.from_numpy(stored))
+    else:
+        warnings.warn(f"{path}: a train state of framework {framework!r} with another dropout RNG; its moments, "
+                      f"step and config are kept, the RNG is seeded afresh from 0, so dropout masks will differ",
+                      stacklevel=2)
+    return TrainState(m=moments["m"], v=moments["v"], step=step, train_config=config, rng=rng)
+
+
+# ----------------------------------------------------------------- internals
+
+def _check_batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> None:
+    """The spec's input checks (``spec.backward.loss_and_gradients``, ``spec.training``'s loss) on host copies."""
+    c, tgt_in, tgt_out = model.config, host_ids(tgt_in), host_ids(tgt_out)
+    validate.check_forward(host_ids(src), tgt_in, c)
+    validate.check_tokens("tgt_out", tgt_out, c)
+    if tgt_out.shape != tgt_in.shape:
+        raise ValueError(f"tgt_out: shape {tgt_out.shape} differs from tgt_in's {tgt_in.shape}")
+    if (tgt_out == c.pad_id).all():
+        raise ValueError("loss: every target is pad_id; the mean over non-pad positions is undefined")
+
+
+def _check_state(model: Transformer, state: TrainState) -> None:
+    """``state``'s moments must have the model's parameter names, in order, and shapes."""
+    names = [name for name, _ in model.named_parameters()]
+    for k in ("m", "v"):
+        for i, (have, want) in enumerate(itertools.zip_longest(getattr(state, k), names)):
+            if have != want:
+                raise ValueError(f"train state: {k}'s parameter {i} is {have!r}, the model's is {want!r}")
+    for name, p in model.named_parameters():
+        for k in ("m", "v"):
+            if getattr(state, k)[name].shape != p.shape:
+                raise ValueError(f"train state: {k}.{name} has shape {tuple(getattr(state, k)[name].shape)}, "
+                                 f"the parameter {tuple(p.shape)}")
+
+
+def _check_moments(path: str | os.PathLike, model: Transformer, arrays: dict[str, np.ndarray]) -> None:
+    """The file's "m.<name>" and "v.<name>" must be float32 arrays of the model's parameter names and shapes."""
+    want = {f"{k}.{name}": tuple(p.shape) for k in ("m", "v") for name, p in model.named_parameters()}
+    for key, shape in want.items():
+        if key not in arrays:
+            raise ValueError(f"{path}: missing moment {key!r}")
+        if arrays[key].shape != shape or arrays[key].dtype != np.float32:
+            raise ValueError(f"{path}: moment {key!r} is {arrays[key].dtype} {arrays[key].shape}, the model needs "
+                             f"float32 {shape}")
+    unexpected = sorted(set(arrays) - set(want) - {"rng"})
+    if unexpected:
+        raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r}")
+
+
+@contextlib.contextmanager
+def _training(model: Transformer, rng: torch.Generator) -> Iterator[None]:
+    """``model`` in training mode with every ``Dropout`` drawing from ``rng``; modes and generators restored after.
+
+    A generator handed to the dropout layers, rather than ``torch.random.fork_rng`` around the step: torch's global
+    RNG is never read, seeded or restored (no process-wide state touched, even for a moment, and no per-device
+    forking), and ``rng`` simply advances, so consecutive steps draw fresh masks and its state is the one saved.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    generators = [(m, m.generator) for m in model.modules() if isinstance(m, Dropout)]
+    model.train()
+    for d, _ in generators:
+        d.generator = rng
+    try:
+        yield
+    finally:
+        for d, generator in generators:
+            d.generator = generator
+        for m, mode in modes:
+            m.training = mode
+
+
+def _loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float
+                        ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Validated ids -> (loss 0-d float32, {name: float32 gradient}), in whatever mode the model is in.
+
+    The forward runs on fp32 leaves standing in for the parameters (``functional_call``): the same values (a bf16
+    parameter's upcast is exact), so the model computes what it always does, while the gradients come out fp32
+    and no ``.grad`` is left on the model.
+    """
+    leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
+    with torch.enable_grad():
+        logits = torch.func.functional_call(model, leaves, (src, tgt_in))                # (B, T, V) float32
+        y = device_ids(tgt_out, model.device)                                            # (B, T)
+        # Mean over non-pad targets of (1 - eps) NLL + eps mean_v(-log p_v): spec.training's loss, in fp32.
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=model.config.pad_id,
+                               label_smoothing=label_smoothing)                          # () float32
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+    return loss.detach(), dict(zip(leaves, grads, strict=True))
+
+
+@torch.no_grad()
+def _adam_update(model: Transformer, state: TrainState, grads: dict[str, Tensor]) -> None:
+    """Adam (section 5.3) in fp32 as ``spec.training.adam_update``, the learning rate of equation 3 at
+    ``state.step + 1``; each parameter written in place (bumping its version, so no stale fp32 copy is read)."""
+    tc, t = state.train_config, state.step + 1
+    lr = training.learning_rate(t, model.config.d_model, tc.warmup_steps)
+    for name, p in model.named_parameters():
+        g, m, v = grads[name], state.m[name], state.v[name]                              # fp32, p's shape
+        m.mul_(tc.beta1).add_(g, alpha=1.0 - tc.beta1)
+        v.mul_(tc.beta2).addcmul_(g, g, value=1.0 - tc.beta2)
+        step = (m / (1.0 - tc.beta1 ** t)) / ((v / (1.0 - tc.beta2 ** t)).sqrt() + tc.adam_eps)  # fp32
+        p.copy_(p.float() - lr * step)                                                   # rounded to param_dtype
+    state.step = t

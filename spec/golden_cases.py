@@ -12,7 +12,8 @@ One folder per case, in the style of the ONNX backend tests:
 
 Kinds: "layer" (one layer alone), "forward" (all intermediates of a
 teacher-forced forward), "incremental" (per-step logits with the KV cache),
-"greedy" and "beam" (output tokens).
+"greedy" and "beam" (output tokens), "train" (the loss, gradients and weights
+after Adam steps: ``spec.golden_training``).
 
 Weights are not stored: ``case_params(meta)`` regenerates them from the seed
 (``init_params(..., observable=True)``, so every bias and LayerNorm scale is
@@ -42,8 +43,8 @@ from pathlib import Path
 import numpy as np
 import safetensors.numpy
 
+from spec import golden_training, search, tolerance
 from spec import reference as ref
-from spec import search, tolerance
 from spec.config import BASE, TINY, Config
 from spec.init import init_params
 from spec.numerics import Numerics, np_dtype
@@ -533,6 +534,7 @@ def generate(root: Path) -> None:
     _forward_case(w, "incremental_tiny_bfloat16", "tiny", "bfloat16", 7, [8, 5], 8, [7, 4], 7, incremental=True)
     for d in DECODING_CASES:
         _decode_case(w, d)
+    golden_training.generate(w)
 
 
 def check(root: Path = GOLDEN_DIR) -> list[str]:

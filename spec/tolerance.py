@@ -150,3 +150,132 @@ def logits_tolerance_abs(faithful: ErrorStats) -> float:
     """The largest absolute logit error ``judge`` admits, given the ideal's error."""
     u = faithful.unit
     return max(MAX_RATIO[u] * faithful.max_eps, FLOOR_EPS[u]) * EPS[u] * faithful.scale
+
+
+# ----------------------------------------------------------------- training (spec.golden_training)
+#
+# Loss and gradients are judged like forward tensors, in ulps of the config's dtype at the tensor's scale
+# (``error_stats``), against the faithful backward's own error (``spec.backward``'s ideal: the faithful forward,
+# each VJP product rounded once, cotangents in the dtype of what they differentiate, fp32 weight gradients):
+#
+#     max err_eps <= max(GRAD_MAX_RATIO * faithful max, GRAD_FLOOR_EPS)
+#     rms err_eps <= GRAD_RMS_RATIO * faithful rms + GRAD_FLOOR_EPS / sqrt(n)
+#
+# float32: the forward's numbers for the forward's reason (a real fp32 backend rounds at every addition of its
+# blocked reductions, the ideal once per product), and an RMS bound at the same ratio. Measured on the golden
+# cases: the ideal's worst gradient is 19 fp32 ulps max, 4.6 RMS; impl_torch's fp32 gradients reach 8.7x the
+# ideal's max error and 5.0x its RMS error (0.55 of the bound).
+#
+# bfloat16 (mixed precision): the forward's MAX_RATIO 4 and floor; GRAD_RMS_RATIO 2, not 1.5, because where a
+# backward rounds is not part of the contract and sound placements differ: impl_torch (the ideal's placement)
+# reaches 1.22x the ideal's max error and 1.16x its RMS; the ideal with each weight gradient rounded to bf16
+# before its fp32 accumulation (what torch.autocast does) 1.51x and 1.41x. The ideal itself is coarse here (up to
+# 165 bf16 ulps max, 21 RMS: bf16 activations flip ReLUs and cotangents carry 8 bits), so one gradient tensor
+# scaled by 1.01 (1.3 ulps RMS) passes in mixed precision; by 1.2 it fails (1.1 already fails in the cases
+# measured, barely). The fp32 cases catch 1.01 by a factor ~5000.
+#
+# Weights after Adam steps are judged in units of the summed learning rate of those steps (``update_error_stats``,
+# unit "update"): one unit is how far the steps may move a weight. Not in ulps of the weight (an fp32 weight's
+# ulp is ~1e-5 of a step here, so a weight-relative unit would hide a wrong step), and not relative to the ideal's
+# error alone: Adam divides by sqrt(v) + eps, so the first step moves a weight by lr * g / (|g| + eps), lr times
+# the sign of g, and where |g| is below the gradient tolerance a conformant backend may take the other sign and
+# land 2 lr away (the ideal's worst in mixed precision, 2.00 steps after one, is such an element). Like decisions
+# in decoding, such elements are set apart: the golden case stores, per weight, the mask of "undecided" elements
+# (an exact gradient, at some step, within UPDATE_MARGIN times its tolerance of zero, or within
+# UPDATE_EPS_SENSITIVE * adam_eps, where the step's size depends on eps). Then
+#
+#     decided:   max err <= max(UPDATE_MAX_RATIO * faithful max, UPDATE_FLOOR)
+#                rms err <= UPDATE_RMS_RATIO * faithful rms + UPDATE_FLOOR / sqrt(n decided)
+#     undecided: max err <= UPDATE_FLIP
+#
+# UPDATE_FLIP = 2.5: a step of the other sign moves a weight 2 |m_hat / sqrt(v_hat)| lr away, and that ratio stays
+# near 1 in three steps (measured worst 2.00). UPDATE_MARGIN = 10: a gradient 10 tolerances from zero keeps its
+# sign, and the step its size to ~10%. UPDATE_FLOOR = 1e-3: the fp32 rounding of a weight is ~1e-5 of a step, and
+# the ideal's worst decided error is 7e-5 (fp32) and 1e-3 (mixed). The ratios are the gradients': impl_torch
+# measured up to 12x (max) and 6.7x (RMS) in fp32, 2.4x and 2.4x in mixed precision, where the floor decides
+# (0.83 of the bound, the closest any torch tensor comes). In fp32 ~90% of the stored weights are decided; in
+# mixed precision almost none are (bf16's gradient tolerance is about the gradient's own RMS), so there the weights
+# catch only gross errors. What weights catch that gradients cannot: the schedule (no warmup: 31x the step) and,
+# in fp32, Adam's betas from step 2 on (beta2 0.999 for 0.98 fails, and shows in the loss of steps 2-3). A
+# gradient scaled by a constant is invisible in them (Adam is invariant to it).
+
+GRAD_MAX_RATIO = {"bfloat16": 4.0, "float32": 16.0}
+GRAD_RMS_RATIO = {"bfloat16": 2.0, "float32": 16.0}
+GRAD_FLOOR_EPS = {"bfloat16": 1.0, "float32": 8.0}
+UPDATE_MAX_RATIO = {"bfloat16": 4.0, "float32": 16.0}
+UPDATE_RMS_RATIO = {"bfloat16": 2.0, "float32": 16.0}
+UPDATE_FLOOR = 1e-3
+UPDATE_FLIP = 2.5
+UPDATE_MARGIN = 10.0
+UPDATE_EPS_SENSITIVE = 1000.0   # times adam_eps
+
+
+def update_error_stats(actual: np.ndarray, exact: np.ndarray, lr_total: float) -> ErrorStats:
+    """Error of weights after Adam steps in units of ``lr_total``, the summed learning rate of those steps
+    (unit "update"; ``max_eps``/``rms_eps`` are in these units, ``scale`` is ``lr_total``). Zero for no elements.
+
+    Raises:
+        ValueError: if the shapes differ or ``lr_total`` is not positive.
+    """
+    a, x = np.asarray(actual, np.float64), np.asarray(exact, np.float64)
+    if a.shape != x.shape:
+        raise ValueError(f"shape {a.shape} differs from expected {x.shape}")
+    if not lr_total > 0:
+        raise ValueError(f"lr_total must be positive, got {lr_total!r}")
+    if a.size == 0:
+        return ErrorStats(0.0, 0.0, 0.0, float(lr_total), "update")
+    d = np.abs(a - x)
+    d = np.where(np.isnan(d), np.inf, d)
+    return ErrorStats(float(d.max()), float(d.max() / lr_total), float(np.sqrt(np.mean(d * d)) / lr_total),
+                      float(lr_total), "update")
+
+
+def gradient_tolerance_abs(faithful: ErrorStats) -> float:
+    """The largest absolute error ``judge_gradient`` admits on one element of a gradient, given the ideal's error."""
+    u = faithful.unit
+    return max(GRAD_MAX_RATIO[u] * faithful.max_eps, GRAD_FLOOR_EPS[u]) * EPS[u] * faithful.scale
+
+
+def judge_gradient(actual: np.ndarray, exact: np.ndarray, faithful: ErrorStats) -> Verdict:
+    """A backend's loss or gradient tensor against the float64 ``exact``, given the ideal's error ``faithful``
+    (from the golden case's meta, unit the config's dtype). The policy above.
+
+    Raises:
+        ValueError: if the shapes differ or ``faithful.unit`` is not a dtype.
+    """
+    u = faithful.unit
+    if u not in GRAD_MAX_RATIO:
+        raise ValueError(f"judge_gradient: faithful error in unit {u!r}; want 'bfloat16' or 'float32'")
+    stats = error_stats(actual, exact, u)
+    max_allowed = max(GRAD_MAX_RATIO[u] * faithful.max_eps, GRAD_FLOOR_EPS[u])
+    rms_allowed = GRAD_RMS_RATIO[u] * faithful.rms_eps + GRAD_FLOOR_EPS[u] / np.sqrt(np.size(actual))
+    ok = stats.max_eps <= max_allowed and stats.rms_eps <= rms_allowed
+    return Verdict(bool(ok), stats, float(max_allowed), float(rms_allowed), _ratio(stats, faithful))
+
+
+def judge_update(actual: np.ndarray, exact: np.ndarray, faithful: ErrorStats, dtype: str, undecided: np.ndarray
+                 ) -> Verdict:
+    """A backend's weights after Adam steps against the float64 ``exact``, given the ideal's error on the decided
+    elements ``faithful`` (unit "update"), the config's ``dtype`` and the bool mask of ``undecided`` elements, all
+    from the golden case. The policy above; the verdict's stats are the decided elements'.
+
+    Raises:
+        ValueError: if the shapes differ, ``faithful.unit`` is not "update" or ``dtype`` is unknown.
+    """
+    a, x, undecided = np.asarray(actual, np.float64), np.asarray(exact, np.float64), np.asarray(undecided, bool)
+    if faithful.unit != "update" or dtype not in UPDATE_MAX_RATIO:
+        raise ValueError(f"judge_update: unit {faithful.unit!r} (want 'update'), dtype {dtype!r}")
+    if undecided.shape != x.shape or a.shape != x.shape:
+        raise ValueError(f"judge_update: actual {a.shape}, exact {x.shape} and undecided {undecided.shape} differ")
+    stats = update_error_stats(a[~undecided], x[~undecided], faithful.scale)
+    flipped = update_error_stats(a[undecided], x[undecided], faithful.scale)
+    max_allowed = max(UPDATE_MAX_RATIO[dtype] * faithful.max_eps, UPDATE_FLOOR)
+    rms_allowed = UPDATE_RMS_RATIO[dtype] * faithful.rms_eps + UPDATE_FLOOR / np.sqrt(max(1, (~undecided).sum()))
+    ok = stats.max_eps <= max_allowed and stats.rms_eps <= rms_allowed and flipped.max_eps <= UPDATE_FLIP
+    return Verdict(bool(ok), stats, float(max_allowed), float(rms_allowed), _ratio(stats, faithful))
+
+
+def _ratio(stats: ErrorStats, faithful: ErrorStats) -> float:
+    if faithful.max_eps > 0:
+        return float(stats.max_eps / faithful.max_eps)
+    return 0.0 if stats.max_eps == 0 else float(np.inf)

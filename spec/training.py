@@ -42,8 +42,10 @@ import dataclasses
 import numpy as np
 
 from spec.config import Config
+from spec.numerics import Numerics
 
 Params = dict[str, np.ndarray]
+EXACT = Numerics("exact")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +136,16 @@ def adam_init(params: Params) -> AdamState:
 
 
 def adam_update(params: Params, grads: Params, state: AdamState, d_model: int,
-                tc: TrainConfig) -> tuple[Params, AdamState]:
-    """One Adam step with the scheduled learning rate (module docstring), float64: -> (params, state)."""
+                tc: TrainConfig, nx: Numerics = EXACT) -> tuple[Params, AdamState]:
+    """One Adam step with the scheduled learning rate (module docstring): -> (params, state).
+
+    Float64 by default. With a faithful ``nx`` (``spec.backward``'s ideal backend) the moments and the new weights
+    are each rounded to fp32 once, as fp32 state and fp32 master weights hold them at best.
+    """
     t = state.step + 1
     lr = learning_rate(t, d_model, tc.warmup_steps)
-    m = {k: tc.beta1 * state.m[k] + (1 - tc.beta1) * g for k, g in grads.items()}
-    v = {k: tc.beta2 * state.v[k] + (1 - tc.beta2) * g * g for k, g in grads.items()}
-    new = {k: p - lr * (m[k] / (1 - tc.beta1 ** t)) / (np.sqrt(v[k] / (1 - tc.beta2 ** t)) + tc.adam_eps)
+    m = {k: nx.acc(tc.beta1 * state.m[k] + (1 - tc.beta1) * g) for k, g in grads.items()}
+    v = {k: nx.acc(tc.beta2 * state.v[k] + (1 - tc.beta2) * g * g) for k, g in grads.items()}
+    new = {k: nx.acc(p - lr * (m[k] / (1 - tc.beta1 ** t)) / (np.sqrt(v[k] / (1 - tc.beta2 ** t)) + tc.adam_eps))
            for k, p in params.items()}
     return new, AdamState(t, m, v)

@@ -1,0 +1,244 @@
+"""Training golden cases: the loss, every gradient and the weights after Adam steps (spec.training, spec.backward).
+
+Kind "train". Each case is a short training run of one config from seeded weights (the recipe of
+``golden_cases.make_params``): ``STEPS`` Adam steps with ``TRAIN_CONFIG`` (the paper's Adam and schedule, a short
+warmup so each step moves a weight visibly in fp32 and bf16), one batch per step, dropout off. Inputs (int64):
+
+    src (STEPS, B, S), tgt_in (STEPS, B, T), tgt_out (STEPS, B, T)    batch i feeds step i + 1; rows are padded
+                                                                      in the source and in the targets
+
+Expected (float64, the exact trajectory: float64 weights, ``spec.backward``'s exact gradient, float64 Adam):
+
+    loss                 (STEPS,)  the loss of batch i at the weights before step i + 1 (loss[0]: initial weights)
+    grad.<name>          the gradient of every parameter at the initial weights, on batch 0
+    params_1.<name>      every parameter after the first step
+    params_<STEPS>.<name>  every parameter after the last step
+    undecided_<step>.<name>  bool: elements whose Adam steps a conformant backend may take with the other sign
+
+In mixed precision (``dtype="bfloat16", param_dtype="float32"``) the exact trajectory's model computes with its
+float64 master weights rounded to bf16 (rule 0: the definition of the bf16 model, not a numerics error); in fp32 it
+computes with them as they are.
+
+Sampling, for the 5 MB budget: a stored tensor is ``sampled(x, fraction, min_elements)``, the elements of the
+flattened tensor at evenly spread indices (every row and column of a weight is hit, since the spacing is not a
+divisor of its width); ``meta["train"]["sampling"]`` gives (fraction, min_elements) per group. The tiny fp32 case
+stores every gradient whole (the tiny mixed case a quarter: its bf16-sized errors need no more to be measured),
+the small cases 1/64 of every gradient; the weights after steps 1/16 (tiny) and 1/64 (small), at least 16 elements
+of each tensor. The four cases take 1.27 MB.
+
+``meta["tensors"]`` holds the faithful trajectory's error per stored tensor (``spec.backward``'s ideal backward in
+``Numerics(c.dtype)``, fp32 master weights and fp32 Adam state): the loss and gradients in ulps of ``c.dtype`` at
+the tensor's scale (``tolerance.error_stats``), the weights in units of the summed learning rate
+(``tolerance.update_error_stats``), measured on the elements whose steps are decided (``undecided_<step>.<name>``,
+stored as a bool mask beside them: ``spec.tolerance``). ``judge`` applies ``tolerance.judge_gradient`` and
+``judge_update`` to a backend's run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import numpy as np
+
+from spec import backward, tolerance, training
+from spec.config import Config
+from spec.numerics import Numerics, np_dtype
+
+STEPS = 3
+TRAIN_CONFIG = training.TrainConfig(warmup_steps=10)
+EXACT = Numerics("exact")
+
+
+def sampled(x: np.ndarray, fraction: float, min_elements: int) -> np.ndarray:
+    """The stored part of ``x``: ``max(min_elements, ceil(fraction * n))`` of its n elements (all if fewer), at
+    evenly spread indices of the flattened tensor, as a 1-d array (the whole tensor, unflattened, if fraction 1).
+
+    Raises:
+        ValueError: if ``fraction`` is outside (0, 1] or ``min_elements`` < 1.
+    """
+    if not 0.0 < fraction <= 1.0 or min_elements < 1:
+        raise ValueError(f"sampled: fraction {fraction!r} must lie in (0, 1], min_elements {min_elements!r} >= 1")
+    x = np.asarray(x)
+    if fraction == 1.0:
+        return x
+    n = x.size
+    m = min(n, max(min_elements, int(np.ceil(fraction * n))))
+    return x.reshape(-1)[np.unique(np.linspace(0, n - 1, m).round().astype(int))]
+
+
+def model_weights(master: dict[str, np.ndarray], c: Config) -> dict[str, np.ndarray]:
+    """Master weights (float64 arrays) as they enter the computation: rounded to ``c.dtype`` if bf16 (rule 0), as
+    they are in fp32 (the exact trajectory's float64 weights are not rounded; the faithful one's hold fp32 values)."""
+    if c.dtype == "float32":
+        return master
+    bf16 = np_dtype(c.dtype)
+    return {k: v.astype(np.float32).astype(bf16).astype(np.float64) for k, v in master.items()}
+
+
+def trajectory(params: dict[str, np.ndarray], batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], c: Config,
+               tc: training.TrainConfig, nx: Numerics) -> dict:
+    """A training run, exact (float64) or faithful (``Numerics(c.dtype)``): one Adam step per batch.
+
+    Returns {"loss": [loss before each step], "grads": [gradients of each step], "params": [weights after each
+    step]}, weights as float64 arrays.
+    """
+    master = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    state = training.adam_init(master)
+    out = {"loss": [], "grads": [], "params": []}
+    for src, tgt_in, tgt_out in batches:
+        loss, grads = backward.gradients_at(model_weights(master, c), src, tgt_in, tgt_out, c, tc.label_smoothing,
+                                            nx)
+        master, state = training.adam_update(master, grads, state, c.d_model, tc, nx)
+        out["loss"].append(loss)
+        out["grads"].append(grads)
+        out["params"].append(master)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainCase:
+    """One training golden case: config preset, compute dtype (parameters fp32), seed, batch shape, and the
+    sampling (fraction, min_elements) of the gradients and of the weights after steps (module docstring)."""
+    name: str
+    cfg: str
+    dtype: str
+    seed: int
+    B: int
+    S: int
+    T: int
+    grad_sampling: tuple[float, int]
+    params_sampling: tuple[float, int]
+
+
+TRAIN_CASES = (
+    TrainCase("train_tiny_float32", "tiny", "float32", 21, 3, 9, 8, (1.0, 1), (1 / 16, 16)),
+    TrainCase("train_tiny_bfloat16_params_float32", "tiny", "bfloat16", 21, 3, 9, 8, (1 / 4, 16), (1 / 16, 16)),
+    TrainCase("train_small_float32", "small", "float32", 22, 3, 10, 8, (1 / 64, 16), (1 / 64, 16)),
+    TrainCase("train_small_bfloat16_params_float32", "small", "bfloat16", 22, 3, 10, 8, (1 / 64, 16), (1 / 64, 16)),
+)
+
+
+def make_batches(c: Config, case: TrainCase, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``STEPS`` batches: src (STEPS, B, S), tgt_in and tgt_out (STEPS, B, T) int64. Each batch has a full-length
+    row and padded rows (source and target lengths drawn from 3 up); a target row is BOS + y[:n-1] in, y[:n-1] +
+    EOS out, both padded after n."""
+    src = np.full((STEPS, case.B, case.S), c.pad_id, np.int64)
+    tgt_in = np.full((STEPS, case.B, case.T), c.pad_id, np.int64)
+    tgt_out = tgt_in.copy()
+    for i in range(STEPS):
+        src_lens, tgt_lens = rng.integers(3, case.S, case.B), rng.integers(3, case.T, case.B)
+        src_lens[i % case.B], tgt_lens[(i + 1) % case.B] = case.S, case.T      # one full row each, not the same
+        for b in range(case.B):
+            s, n = src_lens[b], tgt_lens[b]
+            src[i, b, :s] = rng.integers(3, c.vocab_size, s)
+            y = rng.integers(3, c.vocab_size, n - 1)                           # (n - 1,) body tokens
+            tgt_in[i, b, :n] = [c.bos_id, *y]
+            tgt_out[i, b, :n] = [*y, c.eos_id]
+    return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out}
+
+
+def undecided_mask(grads: list[dict], faithful: list[dict], name: str, steps: int, c: Config) -> np.ndarray:
+    """Elements of weight ``name`` whose Adam steps up to ``steps`` a conformant backend may take differently: at
+    some step the exact gradient lies within ``tolerance.UPDATE_MARGIN`` times the gradient tolerance of zero, or
+    within ``UPDATE_EPS_SENSITIVE * adam_eps`` (``spec.tolerance``). Bool, the weight's shape."""
+    near = np.zeros(np.shape(grads[0][name]), bool)
+    for t in range(steps):
+        g = grads[t][name]
+        tol = tolerance.gradient_tolerance_abs(tolerance.error_stats(faithful[t][name], g, c.dtype))
+        near |= np.abs(g) <= max(tolerance.UPDATE_MARGIN * tol, tolerance.UPDATE_EPS_SENSITIVE * TRAIN_CONFIG.adam_eps)
+    return near
+
+
+def build(case: TrainCase) -> tuple[Config, dict, dict, dict, dict]:
+    """The case's config, weights, inputs, expected tensors (stored parts) and meta["tensors"]."""
+    from spec import golden_cases  # its recipe helpers; imported here, as golden_cases imports this module
+
+    c = golden_cases.config(case.cfg, case.dtype).replace(param_dtype="float32", dropout=0.0)
+    params = golden_cases.make_params(c, case.seed)
+    inputs = make_batches(c, case, np.random.default_rng(zlib.crc32(case.name.encode())))
+    batches = list(zip(inputs["src"], inputs["tgt_in"], inputs["tgt_out"], strict=True))
+    ex = trajectory(params, batches, c, TRAIN_CONFIG, EXACT)
+    fa = trajectory(params, batches, c, TRAIN_CONFIG, Numerics(c.dtype))
+    expected = {"loss": np.array(ex["loss"])}
+    tensors = {"loss": tolerance.error_stats(fa["loss"], ex["loss"], c.dtype).to_dict()}
+    for name in params:
+        key = f"grad.{name}"
+        expected[key] = sampled(ex["grads"][0][name], *case.grad_sampling)
+        tensors[key] = tolerance.error_stats(sampled(fa["grads"][0][name], *case.grad_sampling), expected[key],
+                                             c.dtype).to_dict()
+    for step in (1, STEPS):
+        lr_total = sum(training.learning_rate(t, c.d_model, TRAIN_CONFIG.warmup_steps) for t in range(1, step + 1))
+        for name in params:
+            key = f"params_{step}.{name}"
+            expected[key] = sampled(ex["params"][step - 1][name], *case.params_sampling)
+            got = sampled(fa["params"][step - 1][name], *case.params_sampling)
+            undecided = sampled(undecided_mask(ex["grads"], fa["grads"], name, step, c), *case.params_sampling)
+            expected[f"undecided_{step}.{name}"] = undecided
+            stats = tolerance.update_error_stats(got[~undecided], expected[key][~undecided], lr_total)
+            tensors[key] = {**stats.to_dict(), "undecided": int(undecided.sum())}
+    return c, params, inputs, expected, tensors
+
+
+def write(w, case: TrainCase) -> None:
+    """Write ``case`` with ``golden_cases._Writer`` ``w``."""
+    c, params, inputs, expected, tensors = build(case)
+    lrs = [training.learning_rate(t, c.d_model, TRAIN_CONFIG.warmup_steps) for t in range(1, STEPS + 1)]
+    meta = {"kind": "train", "tensors": tensors,
+            "train": {"steps": STEPS, "train_config": dataclasses.asdict(TRAIN_CONFIG), "learning_rates": lrs,
+                      "stored": ["loss", "grad.<name> (step 1)", "params_1.<name>", f"params_{STEPS}.<name>"],
+                      "sampling": {"grad": list(case.grad_sampling), "params": list(case.params_sampling),
+                                   "rule": "spec.golden_training.sampled(x, fraction, min_elements)"}},
+            "tolerance_policy": {"grad_max_ratio": tolerance.GRAD_MAX_RATIO, "grad_rms_ratio": tolerance.GRAD_RMS_RATIO,
+                                 "grad_floor_eps": tolerance.GRAD_FLOOR_EPS,
+                                 "update_max_ratio": tolerance.UPDATE_MAX_RATIO,
+                                 "update_rms_ratio": tolerance.UPDATE_RMS_RATIO, "update_flip": tolerance.UPDATE_FLIP,
+                                 "update_floor": tolerance.UPDATE_FLOOR,
+                                 "update_margin": tolerance.UPDATE_MARGIN}}
+    w.write(case.name, meta, inputs, expected, c, params, case.seed)
+
+
+def generate(w) -> None:
+    """Write every training case (called by ``golden_cases.generate``)."""
+    for case in TRAIN_CASES:
+        write(w, case)
+
+
+def load_case(root, name: str) -> tuple[dict, Config, dict, dict, dict]:
+    """A training case from folder ``root``: (meta, config, weights checked against their sha256, inputs,
+    expected)."""
+    import json
+    from pathlib import Path
+
+    import safetensors.numpy
+
+    from spec import golden_cases
+
+    d = Path(root) / name
+    meta = json.loads((d / "meta.json").read_text())
+    c, params = golden_cases.case_params(meta)
+    return (meta, c, params, safetensors.numpy.load_file(str(d / "inputs.safetensors")),
+            safetensors.numpy.load_file(str(d / "expected.safetensors")))
+
+
+def judge(meta: dict, expected: dict, result: dict) -> dict[str, tolerance.Verdict]:
+    """Judge a backend's run of a training case by ``spec.tolerance``'s training policy.
+
+    ``result``: {"loss": (STEPS,) losses before each step, "grad": {name: full gradient at the initial weights},
+    "params_1" and f"params_{STEPS}": {name: full weights after that step}}. Sampled here as the case stores them.
+    Returns {stored tensor name: Verdict}.
+    """
+    sampling, dtype = meta["train"]["sampling"], meta["config"]["dtype"]
+    stats = {k: tolerance.ErrorStats(**{f: v[f] for f in ("max_abs", "max_eps", "rms_eps", "scale", "unit")})
+             for k, v in meta["tensors"].items()}
+    out = {"loss": tolerance.judge_gradient(np.asarray(result["loss"]), expected["loss"], stats["loss"])}
+    for key in stats:
+        group, _, name = key.partition(".")
+        if group == "grad":
+            got = sampled(result["grad"][name], *sampling["grad"])
+            out[key] = tolerance.judge_gradient(got, expected[key], stats[key])
+        elif group.startswith("params_"):
+            got = sampled(result[group][name], *sampling["params"])
+            undecided = expected[f"undecided_{group.removeprefix('params_')}.{name}"]
+            out[key] = tolerance.judge_update(got, expected[key], stats[key], dtype, undecided)
+    return out

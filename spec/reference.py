@@ -143,9 +143,14 @@ def activation(x: np.ndarray) -> np.ndarray:
 
 
 def feed_forward(params: Params, prefix: str, x: np.ndarray, nx: Numerics) -> np.ndarray:
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2): (B, L, D) -> (B, L, D)."""
-    h = nx.act(x @ params[f"{prefix}.w_1"] + params[f"{prefix}.b_1"])      # (B, L, F)
-    return nx.act(activation(h) @ params[f"{prefix}.w_2"] + params[f"{prefix}.b_2"])
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2): (B, L, D) -> (B, L, D).
+
+    ``np.einsum``, not ``@``: NumPy's own loops sum in one order on every machine, while BLAS picks kernels by
+    CPU (OpenBLAS's Haswell and SkylakeX kernels gave float64 results differing in the last bits), and the golden
+    files must regenerate bit for bit anywhere.
+    """
+    h = nx.act(np.einsum("bld,df->blf", x, params[f"{prefix}.w_1"]) + params[f"{prefix}.b_1"])      # (B, L, F)
+    return nx.act(np.einsum("blf,fd->bld", activation(h), params[f"{prefix}.w_2"]) + params[f"{prefix}.b_2"])
 
 
 def layer_norm(params: Params, prefix: str, x: np.ndarray, eps: float, nx: Numerics) -> np.ndarray:

@@ -1,10 +1,12 @@
 """Mutation test: proof that the conformance suite can fail.
 
-Each mutant replaces one function of ``spec.reference`` or ``spec.search`` with
-a plausible bug: eleven break the paper's mathematics, two only the numerics
-contract (they prove the tolerance policy is tight enough to see a backend
-that rounds where the contract says not to), and five break decoding (the
-search, the length penalty, the KV cache's positions, the special tokens).
+Each mutant replaces a function of ``spec.reference``, ``spec.search`` or
+``spec.training`` with a plausible bug: eleven break the paper's mathematics,
+two only the numerics contract (they prove the tolerance policy is tight enough
+to see a backend that rounds where the contract says not to), five break
+decoding (the search, the length penalty, the KV cache's positions, the special
+tokens), and five break training (label smoothing off, padding counted in the
+loss, Adam's beta2 0.999, no warmup, dropout left on in evaluation).
 The suite runs against the mutated reference backend (``--mutant NAME``), in a
 subprocess per mutant, and must fail; the table names the checks that caught it.
 
@@ -14,19 +16,19 @@ subprocess per mutant, and must fail; the table names the checks that caught it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from spec import reference as ref
-from spec import search
+from spec import search, training
 from spec.numerics import MASKED_SCORE
 
 _original = {name: getattr(ref, name) for name in (
@@ -120,7 +122,48 @@ def _may_emit_special(scores, c):
 
 _original_search = {name: getattr(search, name) for name in ("length_penalty", "candidate_count", "forbid_special")}
 
-MUTANTS: dict[str, tuple[str, Callable]] = {
+
+def _dropout_in_evaluation(params, ids, c, nx, start=0):
+    x = _original["embed"](params, ids, c, nx, start)
+    keep = np.random.default_rng(0).random(x.shape) >= c.dropout  # dropout belongs to training only
+    return nx.act(x * keep / (1.0 - c.dropout))
+
+
+def _loss_without_label_smoothing(logits, tgt_out, c, label_smoothing):
+    return _original_training["label_smoothed_cross_entropy"](logits, tgt_out, c, 0.0)
+
+
+def _loss_gradient_without_label_smoothing(logits, tgt_out, c, label_smoothing):
+    return _original_training["loss_gradient"](logits, tgt_out, c, 0.0)
+
+
+def _loss_counting_padding(logits, tgt_out, c, label_smoothing):
+    logp = training.log_softmax(np.asarray(logits, np.float64))                    # (B, T, V)
+    nll = -np.take_along_axis(logp, np.asarray(tgt_out)[..., None], axis=-1)[..., 0]
+    return float(((1.0 - label_smoothing) * nll - label_smoothing * logp.mean(axis=-1)).mean())  # pad included
+
+
+def _loss_gradient_counting_padding(logits, tgt_out, c, label_smoothing):
+    z = np.asarray(logits, np.float64)
+    q = np.full(z.shape, label_smoothing / z.shape[-1])
+    np.put_along_axis(q, np.asarray(tgt_out)[..., None], 1.0 - label_smoothing + label_smoothing / z.shape[-1], -1)
+    return (np.exp(training.log_softmax(z)) - q) / (z.shape[0] * z.shape[1])
+
+
+def _adam_beta2_0999(params, grads, state, d_model, tc, *args, **kwargs):
+    return _original_training["adam_update"](params, grads, state, d_model, dataclasses.replace(tc, beta2=0.999),
+                                             *args, **kwargs)
+
+
+def _schedule_without_warmup(step, d_model, warmup_steps):
+    return d_model ** -0.5 * step ** -0.5
+
+
+_original_training = {name: getattr(training, name) for name in (
+    "label_smoothed_cross_entropy", "loss_gradient", "adam_update", "learning_rate")}
+
+# name -> (target, replacement), or a tuple of them for a mutant that replaces several functions
+MUTANTS: dict[str, tuple] = {
     "pe_sin_cos_swapped": ("positional_encoding", _pe_sin_cos_swapped),
     "pe_positions_from_1": ("positional_encoding", _pe_positions_from_one),
     "embedding_not_scaled_by_sqrt_d_model": ("embed", _embed_unscaled),
@@ -139,6 +182,13 @@ MUTANTS: dict[str, tuple[str, Callable]] = {
     "beam_top_k_not_2k_candidates": ("search.candidate_count", _top_k_candidates),
     "incremental_decoding_positions_plus_1": ("embed", _incremental_positions_plus_1),
     "search_may_emit_pad_or_bos": ("search.forbid_special", _may_emit_special),
+    "dropout_left_on_in_evaluation": ("embed", _dropout_in_evaluation),
+    "label_smoothing_off": (("training.label_smoothed_cross_entropy", _loss_without_label_smoothing),
+                            ("training.loss_gradient", _loss_gradient_without_label_smoothing)),
+    "padding_counted_in_loss": (("training.label_smoothed_cross_entropy", _loss_counting_padding),
+                                ("training.loss_gradient", _loss_gradient_counting_padding)),
+    "adam_beta2_0.999": ("training.adam_update", _adam_beta2_0999),
+    "schedule_without_warmup": ("training.learning_rate", _schedule_without_warmup),
 }
 
 
@@ -146,9 +196,10 @@ def apply(name: str) -> None:
     """Replace the reference function that mutant ``name`` targets, for this process."""
     if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; choose from {sorted(MUTANTS)}")
-    target, fn = MUTANTS[name]
-    module, attr = (search, target.removeprefix("search.")) if target.startswith("search.") else (ref, target)
-    setattr(module, attr, fn)
+    patches = MUTANTS[name] if isinstance(MUTANTS[name][0], tuple) else (MUTANTS[name],)
+    for target, fn in patches:
+        prefix, _, attr = target.rpartition(".")
+        setattr({"": ref, "search": search, "training": training}[prefix], attr, fn)
 
 
 def run(name: str, report_dir: Path) -> list[str]:

@@ -21,15 +21,16 @@ from rich.table import Table
 from rich.text import Text
 
 FAMILIES = ("golden", "properties", "errors", "weights")  # in this order; a new test module's family after them
-UNIT = {"bfloat16": "bf16", "float32": "fp32"}
+UNIT = {"bfloat16": "bf16 ulps", "float32": "fp32 ulps", "update": "lr steps"}  # "update": weights after Adam
 COLUMNS = ("result", "worst error / limit (% of limit)", "worst tensor", "÷ faithful")  # the last two: wide only
 LAYOUTS = ((False, True), (False, False), (True, True), (True, False))  # (stacked, wide), the most readable first
 NAME_WIDTH = 48  # a check name may fold past this many characters; the other cells should fit unwrapped
 MESSAGE_WIDTH = 36  # the terminal cuts why a check did not pass short: pytest's output and the Markdown have it all
 STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow"}
+# The legend; its second part only where the "÷ faithful" column is shown.
 LEGEND = ("worst error / limit: the judged tensor nearest its limit (max or RMS criterion), in ulps of its dtype "
-          "at the tensor's RMS scale; over 100% of the limit fails.", " ÷ faithful: that tensor's max error over the "
-          "faithful reference's.")  # the second part where the column is shown
+          "at the tensor's RMS scale (weights after Adam steps: in learning-rate steps); over 100% of the limit "
+          "fails.", " ÷ faithful: that tensor's max error over the faithful reference's.")
 
 
 def family_of(check: str, module: str) -> str:
@@ -59,7 +60,7 @@ def _cell(checks: dict[str, dict], family: bool) -> dict:
     outcome = "failed" if n["failed"] else "skipped" if n["skipped"] else "passed"
     w = worst(checks)
     return {"outcome": outcome, "result": f"{n['passed']}/{len(checks)} passed" if family else outcome,
-            "error": f"{w['criterion']} {w['err']:.3g} / {w['limit']:.3g} {UNIT[w['unit']]} ulps "
+            "error": f"{w['criterion']} {w['err']:.3g} / {w['limit']:.3g} {UNIT[w['unit']]} "
                      f"({100 * w['used']:.0f}%)" if w else "",
             "message": "" if family else next(iter(checks.values()))["message"],
             "tensor": ((f"{w['check']}: " if family else "") + w["tensor"]) if w else "",

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from conformance import golden as G
+from spec import golden_training
+from spec.training import TrainConfig
 
 
 @pytest.mark.parametrize("case", G.cases("layer"), ids=lambda c: c.name)
@@ -49,3 +51,12 @@ def test_golden_beam(case, model_for):
     d = case.meta["decode"]
     tokens = model_for(case).beam(case.inputs["src"], d["beam_size"], d["alpha"], d["max_new_tokens"])
     np.testing.assert_array_equal(tokens, case.expected["tokens"], err_msg=f"decision margin {d['margin']:.3g}")
+
+
+@pytest.mark.parametrize("case", G.cases("train"), ids=lambda c: c.name)
+def test_golden_train(case, model_for, record):
+    """Loss per step, the first step's gradients and the weights after steps 1 and 3 (spec.golden_training)."""
+    t = case.meta["train"]
+    batches = list(zip(case.inputs["src"], case.inputs["tgt_in"], case.inputs["tgt_out"], strict=True))
+    result = model_for(case).train(batches, TrainConfig(**t["train_config"]), record_after=(1, t["steps"]))
+    record(golden_training.judge(case.meta, case.expected, result))

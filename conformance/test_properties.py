@@ -191,3 +191,16 @@ def test_generation_output_form(kind, model_for):
         end = _row_ends(row, limits[b], c.eos_id)
         assert end <= limits[b], f"row {b}: {end} tokens, limit {limits[b]}"
         assert (row[end:] == c.pad_id).all(), f"row {b}: tokens after the end are not padding"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_evaluation_never_drops_out(dtype, load_model):
+    """Dropout belongs to training (section 5.4): with ``config.dropout`` 0.5 the forward, KV-cache decoding and
+    greedy search give what the same weights give with dropout 0, bit for bit."""
+    case = _case(dtype)
+    c, params = golden_cases.case_params(case.meta)
+    src, tgt_in = case.inputs["src"], case.inputs["tgt_in"]
+    plain, dropping = load_model(c.replace(dropout=0.0), params), load_model(c.replace(dropout=0.5), params)
+    np.testing.assert_array_equal(dropping.forward(src, tgt_in)[0], plain.forward(src, tgt_in)[0])
+    np.testing.assert_array_equal(dropping.decode_steps(src, tgt_in), plain.decode_steps(src, tgt_in))
+    np.testing.assert_array_equal(dropping.greedy(src, 6), plain.greedy(src, 6))

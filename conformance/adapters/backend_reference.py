@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from spec import backward, golden_training, search, validate
 from spec import reference as ref
-from spec import search, validate
 from spec.config import Config
 from spec.numerics import Numerics
 from spec.weights_io import load_weights, save_weights
@@ -69,6 +69,14 @@ class ReferenceModel:
 
     def save(self, path: Path) -> None:
         save_weights(path, self.config, self._params)
+
+    def train(self, batches, train_config, record_after):
+        # The faithful trajectory (spec.golden_training), reached through its modules so that mutants apply.
+        run = golden_training.trajectory(self._params, list(batches), self.config, train_config, self._nx)
+        grad = backward.loss_and_gradients(self._params, *batches[0], self.config, train_config.label_smoothing,
+                                           self._nx)[1]
+        return {"loss": np.array(run["loss"]), "grad": grad,
+                **{f"params_{k}": run["params"][k - 1] for k in record_after}}
 
 
 class ReferenceBackend:

@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from spec.config import Config
+from spec.training import TrainConfig
 
 
 class Model(Protocol):
@@ -54,6 +55,14 @@ class Model(Protocol):
 
     def save(self, path: Path) -> None:
         """Write the model's weights with the backend's own ``save_weights``."""
+
+    def train(self, batches: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], train_config: TrainConfig,
+              record_after: Sequence[int]) -> dict:
+        """A training run from this model's weights, which stay as they are: the gradients at the start
+        (``loss_and_gradients`` on the first batch, label smoothing of ``train_config``), then one ``train_step`` per
+        batch (src, tgt_in, tgt_out) from ``init_train_state(model, train_config, seed=0)``. Returns {"loss": (n,)
+        float64, the loss each step returned; "grad": {name: float64 gradient}; f"params_{k}": {name: float64
+        weights after step k} for k in ``record_after``}."""
 
 
 class Backend(Protocol):

@@ -12,7 +12,10 @@ rounded to the activation dtype once, after its bias; ``project`` is the one pla
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -25,6 +28,7 @@ from spec.numerics import MASKED_SCORE
 from spec.recording import record
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+logger = logging.getLogger("impl_torch")
 
 
 def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
@@ -35,10 +39,10 @@ def project(eq: str, x: Tensor, w: Tensor, bias: Tensor | None = None, out_dtype
     On CUDA a bias-free bf16 product is a native bf16 GEMM: cuBLAS accumulates in fp32 and rounds once, provided
     ``allow_bf16_reduced_precision_reduction`` is off, as inside ``contract_numerics``. Everything else runs as an
     fp32 GEMM of the upcast operands: a product of two bf16 values is exact in fp32, so this is the same contract,
-    with the bias added before the single rounding (a bf16 GEMM would round before the bias: twice). On a CPU it
-    is also the fast way: PyTorch's CPU bf16 GEMM is slower than its fp32 one (measured by ``nox -s bench``). The
+    with the bias added before the single rounding (cuBLAS's bf16 GEMM would round before the bias: twice). The
     fp32 copy of a parameter is kept while the parameter is unchanged (``as_float``), so a decode step does not
-    upcast the weights again.
+    upcast the weights again. ``linear``, which every parameter product but the output projection goes through,
+    also runs native bf16 GEMMs on a CPU where they are faster (``native_bf16_gemm``).
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if x.is_cuda and bias is None and x.dtype == out_dtype == torch.bfloat16:
@@ -71,6 +75,63 @@ def as_float(w: Tensor, dtype: torch.dtype) -> Tensor:
     if hit is None or hit[0] != key:
         hit = _FLOAT_COPIES[w] = (key, w.to(dtype).float())
     return hit[1]
+
+
+def as_dtype(w: Tensor, dtype: torch.dtype) -> Tensor:
+    """``w.to(dtype)`` (rule 0), kept for an unchanged ``nn.Parameter`` while no gradient is recorded, as
+    ``as_float`` keeps its fp32 copies."""
+    if w.dtype == dtype:
+        return w
+    if torch.is_grad_enabled() or not isinstance(w, nn.Parameter) or w.is_inference():
+        return w.to(dtype)
+    key = (w._version, w.data_ptr(), w.dtype, w.device, dtype, "cast")
+    hit = _CASTS.get(w)
+    if hit is None or hit[0] != key:
+        hit = _CASTS[w] = (key, w.to(dtype))
+    return hit[1]
+
+
+_CASTS = WeakIdKeyDictionary()  # Parameter -> (its state when cast, the cast), as _FLOAT_COPIES
+
+# CPU bf16 products: True runs them as native bf16 GEMMs, False as fp32 GEMMs of the upcast operands (the same
+# contract either way, ``linear``); None (default) decides once per process by timing both (``native_bf16_gemm``).
+NATIVE_BF16_GEMM: bool | None = None
+NATIVE_MIN_SPEEDUP = 1.5  # the native GEMM must win by this much, so a close race cannot flip between processes
+
+
+def native_bf16_gemm() -> bool:
+    """Whether CPU bf16 products run as native bf16 GEMMs: ``NATIVE_BF16_GEMM`` if set, else measured once.
+
+    Which is faster depends on the CPU, not on its flags: measured with torch 2.13 at (512, 512, 2048), native bf16
+    ran 4.4x faster than fp32 on an AMD EPYC (Zen 5, avx512_bf16) and 0.6x as fast on an Intel Xeon that also
+    reports avx512_bf16; without avx512_bf16 it is ~170x slower. Both give the contract's result: operands exact,
+    fp32 accumulation, one rounding after the bias (checked by the conformance suite on whichever path runs).
+    """
+    if NATIVE_BF16_GEMM is not None:
+        return NATIVE_BF16_GEMM
+    return _native_bf16_measured()
+
+
+@functools.cache
+def _native_bf16_measured() -> bool:
+    """Best of 5 timings of a (256, 512) x (512, 1024) product each way (a few milliseconds, once per process)."""
+    a, b = torch.ones(256, 512, dtype=torch.bfloat16), torch.ones(512, 1024, dtype=torch.bfloat16)
+    a32, b32 = a.float(), b.float()
+
+    def best(f: Callable[[], Tensor]) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with torch.inference_mode():
+        native, upcast = best(lambda: a @ b), best(lambda: a32 @ b32)
+    choice = upcast >= NATIVE_MIN_SPEEDUP * native
+    logger.info("impl_torch: CPU bf16 products as %s GEMMs (native bf16 %.2f ms, fp32 %.2f ms)",
+                "native bf16" if choice else "fp32", native * 1e3, upcast * 1e3)
+    return choice
 
 
 class _Rounded(torch.autograd.Function):
@@ -106,11 +167,16 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, n_in: int = 1) -> T
 
     One 2-D ``torch.mm`` of the flattened operands: for the few rows of a decode step it is faster than the
     batched product ``einsum`` makes of it, and it never copies the weight (a profile of ``base`` decode steps).
+    On a CPU whose native bf16 GEMM is the faster one (``native_bf16_gemm``), a bf16 product outside autograd runs
+    as ``torch.addmm`` of bf16 operands: oneDNN accumulates in fp32 and adds the bias before its one rounding.
     """
     lead, n = x.shape[:x.dim() - n_in], math.prod(w.shape[:n_in])
     x2 = x.reshape(-1, n)                                                       # (rows, I)
     if x.is_cuda and bias is None and x.dtype == torch.bfloat16:
         y = x2 @ w.to(x.dtype).reshape(n, -1)  # native bf16 GEMM, as in ``project``
+    elif x.dtype == torch.bfloat16 and not x.is_cuda and not torch.is_grad_enabled() and native_bf16_gemm():
+        w2 = as_dtype(w, x.dtype).reshape(n, -1)                                # (I, O) bf16
+        y = x2 @ w2 if bias is None else torch.addmm(as_dtype(bias, x.dtype), x2, w2)   # (rows, O) bf16
     else:
         y = x2.float() @ as_float(w, x.dtype).reshape(n, -1)                    # (rows, O) fp32
         if bias is not None:

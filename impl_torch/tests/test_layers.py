@@ -142,3 +142,24 @@ def test_building_and_running_a_model_changes_no_flag(ids):
     model = impl_torch.Transformer(TINY)
     impl_torch.greedy_search(model, ids(0, 1, 4), max_new_tokens=3)
     assert _flags() == before
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["fp32_gemm", "native_bf16_gemm"])
+def test_cpu_bf16_linear_rounds_once_after_the_bias_on_either_path(native, monkeypatch):
+    """Both CPU paths of ``linear`` (``native_bf16_gemm``) compute round(x W + b) with fp32 accumulation: only the
+    fp32 summation order may flip a rounding, never the double rounding a bias added after the product would make
+    (which changes ~30% of the results)."""
+    monkeypatch.setattr(impl_torch.layers, "NATIVE_BF16_GEMM", native)
+    x, w, b = _bf16(64, 256, seed=1), _bf16(256, 384, seed=2, scale=256 ** -0.5), _bf16(384, seed=3)
+    with torch.inference_mode():
+        got = impl_torch.layers.linear(x, torch.nn.Parameter(w, requires_grad=False), b)   # (64, 384) bf16
+    want = (x.double() @ w.double() + b.double()).float().bfloat16()                      # rounded once
+    assert got.dtype == torch.bfloat16
+    assert (got != want).float().mean() < 1e-3
+    assert ((got.double() - want.double()).abs() <= want.double().abs() * 2.0 ** -7).all()  # at most one ulp
+
+
+def test_native_bf16_gemm_can_be_pinned(monkeypatch):
+    for pinned in (True, False):
+        monkeypatch.setattr(impl_torch.layers, "NATIVE_BF16_GEMM", pinned)
+        assert impl_torch.layers.native_bf16_gemm() is pinned

@@ -14,6 +14,7 @@ import pytest
 import spec
 from spec import api
 from spec.config import TINY
+from spec.training import TrainConfig
 
 CONFIG = TINY.replace(d_ff=40)
 SRC = [[5, 9, 17, 2], [7, 3, 2, 0]]  # (B, S) = (2, 4), the second row padded
@@ -82,3 +83,53 @@ def test_api_load_weights_config_rule(impl, tmp_path):
 def test_api_from_params_checks(impl):
     with pytest.raises(ValueError, match=r"parameter 'embedding': expected shape \(61, 64\), got \(61, 32\)"):
         impl.from_params(CONFIG.replace(d_model=64), spec.init_params(CONFIG, 0))
+
+
+TGT_IN, TGT_OUT = [[1, 7, 8], [1, 4, 0]], [[7, 8, 2], [4, 2, 0]]  # (B, T); the second row's last target is pad
+TRAIN = TrainConfig(warmup_steps=10)
+
+
+def _scalar(x) -> float:
+    assert "float32" in str(x.dtype) and tuple(x.shape) == (), f"loss {x!r} is not a float32 scalar"
+    return float(_np(x))
+
+
+def test_api_train_step(impl):
+    """train_step: (loss before the update, model, state); step and config kept; the loss is loss_and_gradients'."""
+    model = impl.Transformer(CONFIG.replace(dropout=0.0), seed=4)
+    before = {k: v.copy() for k, v in impl.params_of(model).items()}
+    want, grads = impl.loss_and_gradients(model, SRC, TGT_IN, TGT_OUT, label_smoothing=TRAIN.label_smoothing)
+    assert list(grads) == list(before) and all("float32" in str(g.dtype) for g in grads.values())
+    state = impl.init_train_state(model, TRAIN, seed=0)
+    assert isinstance(state, impl.TrainState) and state.step == 0 and state.train_config == TRAIN
+    loss, model, state = impl.train_step(model, state, SRC, TGT_IN, TGT_OUT)
+    assert _scalar(loss) == pytest.approx(_scalar(want), rel=1e-6) and int(state.step) == 1
+    after = impl.params_of(model)
+    assert all(not np.array_equal(after[k], before[k]) for k in ("embedding", "encoder.layers.0.ffn.w_1"))
+
+
+def test_api_train_state_save_and_load(impl, tmp_path):
+    """Going on from a saved and loaded state gives the same weights, bit for bit, as going on from the state."""
+    model = impl.Transformer(CONFIG, seed=5)  # dropout 0.1: the RNG state matters too
+    state = impl.init_train_state(model, TRAIN, seed=7)
+    _, model, state = impl.train_step(model, state, SRC, TGT_IN, TGT_OUT)
+    impl.save_train_state(state, tmp_path / "state.safetensors")
+    impl.save_weights(model, tmp_path / "model.safetensors")
+    loaded_model = impl.load_weights(tmp_path / "model.safetensors")
+    loaded = impl.load_train_state(tmp_path / "state.safetensors", loaded_model)
+    assert int(loaded.step) == 1 and loaded.train_config == TRAIN
+    _, model, state = impl.train_step(model, state, SRC, TGT_IN, TGT_OUT)
+    _, loaded_model, loaded = impl.train_step(loaded_model, loaded, SRC, TGT_IN, TGT_OUT)
+    a, b = impl.params_of(model), impl.params_of(loaded_model)
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_api_train_rejects_bad_batches(impl):
+    model = impl.Transformer(CONFIG)
+    state = impl.init_train_state(model)
+    with pytest.raises(ValueError, match=r"tgt_out: shape \(2, 2\) differs from tgt_in's \(2, 3\)"):
+        impl.train_step(model, state, SRC, TGT_IN, [[7, 8], [4, 2]])
+    with pytest.raises(ValueError, match="every target is pad_id"):
+        impl.loss_and_gradients(model, SRC, TGT_IN, [[0, 0, 0], [0, 0, 0]])
+    with pytest.raises(ValueError, match="seed"):
+        impl.init_train_state(model, seed=-1)

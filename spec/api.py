@@ -39,6 +39,17 @@ Rules every impl keeps:
   ``save_weights(model, path)`` writes one, bit for bit. ``from_params(config, params)`` and
   ``params_of(model)`` convert from and to the canonical ``{name: numpy array}`` (``spec.schema``).
 - Bad input raises the spec's ``ValueError`` (``spec.validate``) before any computation, in every backend.
+- Training (``spec.training``, section 5): ``init_train_state(model, train_config=None, seed=0)`` -> a
+  ``TrainState`` with ``step`` (updates done) and ``train_config`` (a ``spec.training.TrainConfig``), Adam's fp32
+  moments per canonical parameter and the dropout RNG (the framework's own generator, seeded from ``seed``);
+  ``train_step(model, state, src, tgt_in, tgt_out)`` -> ``(loss, model, state)``: one Adam step in training mode
+  (dropout at ``config.dropout``, masks from the state's RNG, never a global one), the loss (a float32 scalar)
+  of the batch before the update; it **consumes model and state**: go on with the returned ones (torch and
+  TensorFlow update them in place and return the same objects, JAX returns new ones).
+  ``loss_and_gradients(model, src, tgt_in, tgt_out, label_smoothing=0.1)`` -> ``(loss, {name: gradient})`` in
+  evaluation mode, float32 gradients of the master weights in schema order. ``save_train_state(state, path)`` and
+  ``load_train_state(path, model)`` write and read the moments, step and config canonically (safetensors
+  ``m.<name>``, ``v.<name>``); the RNG state is the framework's own, re-seeded with a warning across frameworks.
 
 A backend may add keyword-only arguments with defaults after the common ones (``device=`` in torch);
 ``check_api`` enforces the rest.
@@ -55,6 +66,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from spec.config import Config
+from spec.training import TrainConfig
 
 KV_CACHE_FIELDS = ("self_kv", "key_mask", "memory_kv", "memory_mask", "length")
 
@@ -118,10 +130,32 @@ def beam_search(model: Model, src: Any, beam_size: int = 4, alpha: float = 0.6,
     """Beam search (``spec.search.beam``): src (B, S) -> tokens (B, L) int64."""
 
 
+def init_train_state(model: Model, train_config: TrainConfig | None = None, seed: int = 0) -> Any:
+    """A fresh ``TrainState``: zero fp32 moments, step 0, the dropout RNG seeded from ``seed`` (section 5.3)."""
+
+
+def loss_and_gradients(model: Model, src: Any, tgt_in: Any, tgt_out: Any, label_smoothing: float = 0.1
+                       ) -> tuple[Any, dict[str, Any]]:
+    """Evaluation mode: the label-smoothed loss (float32 scalar) and {canonical name: float32 gradient}."""
+
+
+def train_step(model: Model, state: Any, src: Any, tgt_in: Any, tgt_out: Any) -> tuple[Any, Model, Any]:
+    """One Adam step in training mode -> (loss before the update, model, state); consumes model and state."""
+
+
+def save_train_state(state: Any, path: str | os.PathLike) -> None:
+    """Write Adam's moments (canonical names), the step, the TrainConfig and the RNG state as safetensors."""
+
+
+def load_train_state(path: str | os.PathLike, model: Model) -> Any:
+    """The ``TrainState`` a file holds, checked against ``model``'s parameters."""
+
+
 FUNCTIONS: dict[str, Callable] = {f.__name__: f for f in (
-    Transformer, load_weights, save_weights, from_params, params_of, greedy_search, beam_search)}
+    Transformer, load_weights, save_weights, from_params, params_of, greedy_search, beam_search,
+    init_train_state, loss_and_gradients, train_step, save_train_state, load_train_state)}
 METHODS: dict[str, Callable] = {name: getattr(Model, name) for name in ("__call__", "encode", "init_cache", "decode")}
-NAMES = (*FUNCTIONS, "KVCache", "__version__")
+NAMES = (*FUNCTIONS, "KVCache", "TrainState", "__version__")
 
 
 def _compare(where: str, impl: Callable, ref: Callable, skip_self: bool) -> list[str]:

@@ -13,14 +13,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import json
 import os
 import warnings
 from collections.abc import Iterator
 
-import numpy as np
-import safetensors
-import safetensors.numpy
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -28,6 +24,7 @@ from torch import Tensor
 from impl_torch.generate import evaluating
 from impl_torch.layers import Dropout
 from impl_torch.model import Ids, Transformer, device_ids, host_ids, to_array, to_tensor
+from spec import train_state_io as spec_io
 from spec import training, validate
 from spec.training import TrainConfig
 
@@ -109,13 +106,11 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
 
 
 def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
-    """Write ``state`` as safetensors: "m.<name>", "v.<name>" float32 in schema order, the generator's state as
-    "rng" (uint8), and metadata ``step``, ``train_config`` (JSON of its fields) and ``framework`` ("torch")."""
-    tensors = {f"{k}.{name}": to_array(t) for k in ("m", "v") for name, t in getattr(state, k).items()}
-    tensors["rng"] = state.rng.get_state().numpy()
-    meta = {"step": str(state.step), "train_config": json.dumps(dataclasses.asdict(state.train_config)),
-            "framework": "torch"}
-    safetensors.numpy.save_file(tensors, str(path), metadata=meta)
+    """Write ``state`` in the canonical format of ``spec.train_state_io``: the moments as "m.<name>", "v.<name>"
+    float32, step and config, and the generator's state as "rng" (framework "torch")."""
+    spec_io.save(path, spec_io.StoredState({k: to_array(t) for k, t in state.m.items()},
+                                           {k: to_array(t) for k, t in state.v.items()}, state.step,
+                                           state.train_config, state.rng.get_state().numpy(), "torch"))
 
 
 def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
@@ -125,43 +120,26 @@ def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
     its dropout generator is seeded afresh from 0, with a ``UserWarning`` that dropout masks will differ.
 
     Raises:
-        ValueError: naming the file if it is unreadable or its metadata invalid, or naming the first moment that is
-            missing, unexpected, or of the wrong shape or dtype for ``model``.
+        ValueError: from ``spec.train_state_io.load``: naming the file if it is unreadable or its metadata invalid,
+            or naming the first moment that is missing, unexpected, or of the wrong shape or dtype for ``model``.
     """
-    try:
-        with safetensors.safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-        arrays = safetensors.numpy.load_file(str(path))
-        step, config = int(meta["step"]), TrainConfig(**json.loads(meta["train_config"]))
-    except (OSError, safetensors.SafetensorError, KeyError, TypeError, ValueError) as e:  # JSONDecodeError too
-        raise ValueError(f"{path}: not a train state file ({e!r})") from e
-    if step < 0:
-        raise ValueError(f"{path}: step must be >= 0, got {step}")
-    _check_moments(path, model, arrays)
-    moments = {k: {name: to_tensor(arrays[f"{k}.{name}"]).to(model.device) for name, _ in model.named_parameters()}
-               for k in ("m", "v")}
+    stored = spec_io.load(path, model.config)
+    moments = [{name: to_tensor(a).to(model.device) for name, a in getattr(stored, k).items()} for k in ("m", "v")]
     rng = _generator(model.device, 0)
-    framework, stored = meta.get("framework"), arrays.get("rng")
-    if framework == "torch" and stored is not None and stored.shape == tuple(rng.get_state().shape):
-        rng.set_state(torch.from_numpy(stored))
+    if stored.framework == "torch" and stored.rng.shape == tuple(rng.get_state().shape):
+        rng.set_state(torch.from_numpy(stored.rng))
     else:
-        warnings.warn(f"{path}: a train state of framework {framework!r} with another dropout RNG; its moments, "
-                      f"step and config are kept, the RNG is seeded afresh from 0, so dropout masks will differ",
-                      stacklevel=2)
-    return TrainState(m=moments["m"], v=moments["v"], step=step, train_config=config, rng=rng)
+        warnings.warn(f"{path}: a train state of framework {stored.framework!r} with another dropout RNG; its "
+                      f"moments, step and config are kept, the RNG is seeded afresh from 0, so dropout masks will "
+                      f"differ", stacklevel=2)
+    return TrainState(m=moments[0], v=moments[1], step=stored.step, train_config=stored.train_config, rng=rng)
 
 
 # ----------------------------------------------------------------- internals
 
 def _check_batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> None:
     """The spec's input checks (``spec.backward.loss_and_gradients``, ``spec.training``'s loss) on host copies."""
-    c, tgt_in, tgt_out = model.config, host_ids(tgt_in), host_ids(tgt_out)
-    validate.check_forward(host_ids(src), tgt_in, c)
-    validate.check_tokens("tgt_out", tgt_out, c)
-    if tgt_out.shape != tgt_in.shape:
-        raise ValueError(f"tgt_out: shape {tgt_out.shape} differs from tgt_in's {tgt_in.shape}")
-    if (tgt_out == c.pad_id).all():
-        raise ValueError("loss: every target is pad_id; the mean over non-pad positions is undefined")
+    validate.check_train_batch(host_ids(src), host_ids(tgt_in), host_ids(tgt_out), model.config)
 
 
 def _check_state(model: Transformer, state: TrainState) -> None:
@@ -176,20 +154,6 @@ def _check_state(model: Transformer, state: TrainState) -> None:
             if getattr(state, k)[name].shape != p.shape:
                 raise ValueError(f"train state: {k}.{name} has shape {tuple(getattr(state, k)[name].shape)}, "
                                  f"the parameter {tuple(p.shape)}")
-
-
-def _check_moments(path: str | os.PathLike, model: Transformer, arrays: dict[str, np.ndarray]) -> None:
-    """The file's "m.<name>" and "v.<name>" must be float32 arrays of the model's parameter names and shapes."""
-    want = {f"{k}.{name}": tuple(p.shape) for k in ("m", "v") for name, p in model.named_parameters()}
-    for key, shape in want.items():
-        if key not in arrays:
-            raise ValueError(f"{path}: missing moment {key!r}")
-        if arrays[key].shape != shape or arrays[key].dtype != np.float32:
-            raise ValueError(f"{path}: moment {key!r} is {arrays[key].dtype} {arrays[key].shape}, the model needs "
-                             f"float32 {shape}")
-    unexpected = sorted(set(arrays) - set(want) - {"rng"})
-    if unexpected:
-        raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r}")
 
 
 @contextlib.contextmanager

@@ -24,13 +24,18 @@ flattened tensor at evenly spread indices (every row and column of a weight is h
 divisor of its width); ``meta["train"]["sampling"]`` gives (fraction, min_elements) per group. The tiny fp32 case
 stores every gradient whole (the tiny mixed case a quarter: its bf16-sized errors need no more to be measured),
 the small cases 1/64 of every gradient; the weights after steps 1/16 (tiny) and 1/64 (small), at least 16 elements
-of each tensor. The four cases take 1.27 MB.
+of each tensor. The four cases take 1.27 MB. The stored parts pin the spec's numbers (``golden --check``); a
+backend is judged on whole tensors, against the exact run recomputed live (``runs``: seconds), whose stored parts
+the conformance suite first checks against the case, bit for bit.
 
-``meta["tensors"]`` holds the faithful trajectory's error per stored tensor (``spec.backward``'s ideal backward in
-``Numerics(c.dtype)``, fp32 master weights and fp32 Adam state): the loss and gradients in ulps of ``c.dtype`` at
-the tensor's scale (``tolerance.error_stats``), the weights in units of the summed learning rate
-(``tolerance.update_error_stats``), measured on the elements whose steps are decided (``undecided_<step>.<name>``,
-stored as a bool mask beside them: ``spec.tolerance``). ``judge`` applies ``tolerance.judge_gradient`` and
+``meta["tensors"]`` holds the faithful trajectory's error per tensor, measured on the whole tensor
+(``spec.backward``'s ideal backward in ``Numerics(c.dtype)``, fp32 master weights and fp32 Adam state): the loss
+and gradients in ulps of ``c.dtype`` at the tensor's scale (``tolerance.error_stats``), the weights in units of the
+summed learning rate (``tolerance.update_error_stats``), on the elements whose steps are decided (the undecided
+ones are stored as ``undecided_<step>.<name>`` masks: ``spec.tolerance``). Whole tensors, because in mixed
+precision gradient errors are sparse and large where a pre-activation near zero takes the other side of a ReLU:
+in small mixed the ideal's worst element of ``decoder.layers.2.ffn.b_1`` (179 bf16 ulps) lies outside the stored
+sample, while impl_jax's flips (180 and 143) land inside it. ``judge`` applies ``tolerance.judge_gradient`` and
 ``judge_update`` to a backend's run.
 """
 
@@ -117,6 +122,7 @@ TRAIN_CASES = (
     TrainCase("train_small_float32", "small", "float32", 22, 3, 10, 8, (1 / 64, 16), (1 / 64, 16)),
     TrainCase("train_small_bfloat16_params_float32", "small", "bfloat16", 22, 3, 10, 8, (1 / 64, 16), (1 / 64, 16)),
 )
+CASES = {case.name: case for case in TRAIN_CASES}
 
 
 def make_batches(c: Config, case: TrainCase, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -150,34 +156,55 @@ def undecided_mask(grads: list[dict], faithful: list[dict], name: str, steps: in
     return near
 
 
+def runs(params: dict[str, np.ndarray], batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], c: Config
+         ) -> tuple[dict, dict, dict]:
+    """The exact and the faithful trajectory of a case, every tensor whole, in the form ``judge`` takes a backend's
+    run (``result``), and the undecided masks: (exact, faithful, {step: {name: bool mask}}) for steps 1 and STEPS.
+    A few seconds for ``small``: the conformance suite runs it live and judges whole tensors."""
+    ex, fa = (trajectory(params, batches, c, TRAIN_CONFIG, nx) for nx in (EXACT, Numerics(c.dtype)))
+    as_result = lambda r: {"loss": np.array(r["loss"]), "grad": r["grads"][0],  # noqa: E731
+                           **{f"params_{k}": r["params"][k - 1] for k in (1, STEPS)}}
+    undecided = {k: {name: undecided_mask(ex["grads"], fa["grads"], name, k, c) for name in params} for k in (1, STEPS)}
+    if c.dtype != "float32":
+        # In mixed precision most first steps are undecided, so a conformant backend's weights after step 1 differ
+        # from the exact ones by up to 2 lr in many places, and every later gradient with them: after step 1 no
+        # element's path is decided (measured: a decided LayerNorm bias of small mixed ends step 3 at 0.0027 of
+        # a step in impl_torch, 0.0154 in impl_jax, against the ideal's 0.0011). They are held to the flip bound.
+        undecided[STEPS] = {name: np.ones(np.shape(p), bool) for name, p in params.items()}
+    return as_result(ex), as_result(fa), undecided
+
+
+def stored(exact: dict, undecided: dict, case: TrainCase) -> dict[str, np.ndarray]:
+    """The parts of an exact run that a case stores (``sampled`` per the case's sampling)."""
+    out = {"loss": exact["loss"]}
+    out.update({f"grad.{n}": sampled(g, *case.grad_sampling) for n, g in exact["grad"].items()})
+    for k in (1, STEPS):
+        out.update({f"params_{k}.{n}": sampled(p, *case.params_sampling) for n, p in exact[f"params_{k}"].items()})
+        out.update({f"undecided_{k}.{n}": sampled(u, *case.params_sampling) for n, u in undecided[k].items()})
+    return out
+
+
 def build(case: TrainCase) -> tuple[Config, dict, dict, dict, dict]:
-    """The case's config, weights, inputs, expected tensors (stored parts) and meta["tensors"]."""
+    """The case's config, weights, inputs, expected tensors (stored parts) and meta["tensors"]: the faithful run's
+    errors, measured on whole tensors (a conformant backend's ReLU flips may land anywhere, not only where a
+    sample looks; in small mixed precision the ideal's worst gradient element lies outside the stored sample)."""
     from spec import golden_cases  # its recipe helpers; imported here, as golden_cases imports this module
 
     c = golden_cases.config(case.cfg, case.dtype).replace(param_dtype="float32", dropout=0.0)
     params = golden_cases.make_params(c, case.seed)
     inputs = make_batches(c, case, np.random.default_rng(zlib.crc32(case.name.encode())))
     batches = list(zip(inputs["src"], inputs["tgt_in"], inputs["tgt_out"], strict=True))
-    ex = trajectory(params, batches, c, TRAIN_CONFIG, EXACT)
-    fa = trajectory(params, batches, c, TRAIN_CONFIG, Numerics(c.dtype))
-    expected = {"loss": np.array(ex["loss"])}
+    ex, fa, undecided = runs(params, batches, c)
     tensors = {"loss": tolerance.error_stats(fa["loss"], ex["loss"], c.dtype).to_dict()}
-    for name in params:
-        key = f"grad.{name}"
-        expected[key] = sampled(ex["grads"][0][name], *case.grad_sampling)
-        tensors[key] = tolerance.error_stats(sampled(fa["grads"][0][name], *case.grad_sampling), expected[key],
-                                             c.dtype).to_dict()
-    for step in (1, STEPS):
-        lr_total = sum(training.learning_rate(t, c.d_model, TRAIN_CONFIG.warmup_steps) for t in range(1, step + 1))
-        for name in params:
-            key = f"params_{step}.{name}"
-            expected[key] = sampled(ex["params"][step - 1][name], *case.params_sampling)
-            got = sampled(fa["params"][step - 1][name], *case.params_sampling)
-            undecided = sampled(undecided_mask(ex["grads"], fa["grads"], name, step, c), *case.params_sampling)
-            expected[f"undecided_{step}.{name}"] = undecided
-            stats = tolerance.update_error_stats(got[~undecided], expected[key][~undecided], lr_total)
-            tensors[key] = {**stats.to_dict(), "undecided": int(undecided.sum())}
-    return c, params, inputs, expected, tensors
+    tensors.update({f"grad.{n}": tolerance.error_stats(fa["grad"][n], g, c.dtype).to_dict()
+                    for n, g in ex["grad"].items()})
+    for k in (1, STEPS):
+        lr_total = sum(training.learning_rate(t, c.d_model, TRAIN_CONFIG.warmup_steps) for t in range(1, k + 1))
+        for n, p in ex[f"params_{k}"].items():
+            und = undecided[k][n]
+            stats = tolerance.update_error_stats(fa[f"params_{k}"][n][~und], p[~und], lr_total)
+            tensors[f"params_{k}.{n}"] = {**stats.to_dict(), "undecided": int(und.sum())}
+    return c, params, inputs, stored(ex, undecided, case), tensors
 
 
 def write(w, case: TrainCase) -> None:
@@ -221,24 +248,23 @@ def load_case(root, name: str) -> tuple[dict, Config, dict, dict, dict]:
             safetensors.numpy.load_file(str(d / "expected.safetensors")))
 
 
-def judge(meta: dict, expected: dict, result: dict) -> dict[str, tolerance.Verdict]:
-    """Judge a backend's run of a training case by ``spec.tolerance``'s training policy.
+def judge(meta: dict, exact: dict, undecided: dict, result: dict) -> dict[str, tolerance.Verdict]:
+    """Judge a backend's run of a training case by ``spec.tolerance``'s training policy, on whole tensors.
 
-    ``result``: {"loss": (STEPS,) losses before each step, "grad": {name: full gradient at the initial weights},
-    "params_1" and f"params_{STEPS}": {name: full weights after that step}}. Sampled here as the case stores them.
-    Returns {stored tensor name: Verdict}.
+    ``exact`` and ``undecided``: from ``runs`` (live; ``stored`` of them is what the case holds). ``result``:
+    {"loss": (STEPS,) losses before each step, "grad": {name: gradient at the initial weights}, "params_1" and
+    f"params_{STEPS}": {name: weights after that step}}. Returns {tensor name as meta["tensors"] has it: Verdict}.
     """
-    sampling, dtype = meta["train"]["sampling"], meta["config"]["dtype"]
+    dtype = meta["config"]["dtype"]
     stats = {k: tolerance.ErrorStats(**{f: v[f] for f in ("max_abs", "max_eps", "rms_eps", "scale", "unit")})
              for k, v in meta["tensors"].items()}
-    out = {"loss": tolerance.judge_gradient(np.asarray(result["loss"]), expected["loss"], stats["loss"])}
+    out = {"loss": tolerance.judge_gradient(np.asarray(result["loss"]), exact["loss"], stats["loss"])}
     for key in stats:
         group, _, name = key.partition(".")
         if group == "grad":
-            got = sampled(result["grad"][name], *sampling["grad"])
-            out[key] = tolerance.judge_gradient(got, expected[key], stats[key])
+            out[key] = tolerance.judge_gradient(result["grad"][name], exact["grad"][name], stats[key])
         elif group.startswith("params_"):
-            got = sampled(result[group][name], *sampling["params"])
-            undecided = expected[f"undecided_{group.removeprefix('params_')}.{name}"]
-            out[key] = tolerance.judge_update(got, expected[key], stats[key], dtype, undecided)
+            step = int(group.removeprefix("params_"))
+            out[key] = tolerance.judge_update(result[group][name], exact[group][name], stats[key], dtype,
+                                              undecided[step][name])
     return out

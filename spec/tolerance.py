@@ -195,9 +195,11 @@ def logits_tolerance_abs(faithful: ErrorStats) -> float:
 # measured up to 12x (max) and 6.7x (RMS) in fp32, 2.4x and 2.4x in mixed precision, where the floor decides
 # (0.83 of the bound, the closest any torch tensor comes). In fp32 ~90% of the stored weights are decided; in
 # mixed precision almost none are (bf16's gradient tolerance is about the gradient's own RMS), so there the weights
-# catch only gross errors. What weights catch that gradients cannot: the schedule (no warmup: 31x the step) and,
-# in fp32, Adam's betas from step 2 on (beta2 0.999 for 0.98 fails, and shows in the loss of steps 2-3). A
-# gradient scaled by a constant is invisible in them (Adam is invariant to it).
+# catch only gross errors; after the first step none are (a flip anywhere at step 1 changes every later
+# gradient), so there the weights after the last step are all held to UPDATE_FLIP. What weights catch that
+# gradients cannot: the schedule (no warmup: 31x the step) and, in fp32, Adam's betas from step 2 on (beta2 0.999
+# for 0.98 fails, and shows in the loss of steps 2-3). A gradient scaled by a constant is invisible in them (Adam
+# is invariant to it).
 
 GRAD_MAX_RATIO = {"bfloat16": 4.0, "float32": 16.0}
 GRAD_RMS_RATIO = {"bfloat16": 2.0, "float32": 16.0}

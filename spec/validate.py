@@ -68,6 +68,21 @@ def check_forward(src: np.ndarray, tgt_in: np.ndarray, c: Config) -> None:
         raise ValueError(f"src and tgt_in batch sizes differ: {np.shape(src)[0]} vs {np.shape(tgt_in)[0]}")
 
 
+def check_train_batch(src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, c: Config) -> None:
+    """Checks for a training batch (``spec.training``'s loss of ``forward(src, tgt_in)`` against ``tgt_out``).
+
+    Raises:
+        ValueError: as ``check_forward`` and ``check_tokens``, if tgt_out's shape differs from tgt_in's, or if
+            every target is ``pad_id`` (the loss is a mean over the non-pad targets).
+    """
+    check_forward(src, tgt_in, c)
+    check_tokens("tgt_out", tgt_out, c)
+    if np.shape(tgt_out) != np.shape(tgt_in):
+        raise ValueError(f"tgt_out: shape {np.shape(tgt_out)} differs from tgt_in's {np.shape(tgt_in)}")
+    if (np.asarray(tgt_out) == c.pad_id).all():
+        raise ValueError("loss: every target is pad_id; the mean over non-pad positions is undefined")
+
+
 def source_lengths(src: np.ndarray, c: Config) -> np.ndarray:
     """Number of non-pad tokens per source sequence, (B,) int64."""
     return (np.asarray(src) != c.pad_id).sum(axis=1).astype(np.int64)

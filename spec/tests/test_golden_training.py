@@ -70,15 +70,13 @@ def test_sampled_and_policy_reject_bad_input():
 
 # ----------------------------------------------------------------- the golden cases
 
-CASES = {case.name: case for case in golden_training.TRAIN_CASES}
-
-
-@pytest.fixture(scope="module", params=sorted(CASES))
+@pytest.fixture(scope="module", params=sorted(golden_training.CASES))
 def case(request):
     meta, c, params, inputs, expected = golden_training.load_case(golden_cases.GOLDEN_DIR, request.param)
     batches = list(zip(inputs["src"], inputs["tgt_in"], inputs["tgt_out"], strict=True))
+    exact, _, undecided = golden_training.runs(params, batches, c)
     return {"meta": meta, "c": c, "params": params, "batches": batches, "expected": expected,
-            "case": CASES[request.param]}
+            "case": golden_training.CASES[request.param], "exact": exact, "undecided": undecided}
 
 
 def _run(k: dict, tc: training.TrainConfig = golden_training.TRAIN_CONFIG) -> dict:
@@ -110,13 +108,19 @@ def test_recorded_numbers_match_a_recomputation(case):
 
 
 def test_policy_passes_the_faithful_run(case):
-    verdicts = golden_training.judge(case["meta"], case["expected"], _run(case))
+    verdicts = golden_training.judge(case["meta"], case["exact"], case["undecided"], _run(case))
     assert all(v.ok for v in verdicts.values()), [k for k, v in verdicts.items() if not v.ok]
+
+
+def test_live_run_is_what_the_case_stores(case):
+    stored = golden_training.stored(case["exact"], case["undecided"], case["case"])
+    assert sorted(stored) == sorted(case["expected"])
+    assert all(np.array_equal(stored[k], case["expected"][k]) for k in stored)
 
 
 def _failures(case: dict, result: dict) -> set[str]:
     """The groups (loss, grad, params_1, params_3) with a failed tensor."""
-    verdicts = golden_training.judge(case["meta"], case["expected"], result)
+    verdicts = golden_training.judge(case["meta"], case["exact"], case["undecided"], result)
     return {k.split(".")[0] for k, v in verdicts.items() if not v.ok}
 
 

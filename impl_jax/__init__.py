@@ -34,11 +34,20 @@ on bad input before anything is computed.
 from impl_jax import layers, model
 from impl_jax.generate import beam_search, greedy_search
 from impl_jax.model import KVCache, Transformer
+from impl_jax.train import (
+    TrainState,
+    init_train_state,
+    load_train_state,
+    loss_and_gradients,
+    save_train_state,
+    train_step,
+)
 from impl_jax.weights import from_params, load_weights, params_of, save_weights
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "KVCache", "Transformer", "__version__", "beam_search", "from_params", "greedy_search", "layers", "load_weights",
-    "model", "params_of", "save_weights",
+    "KVCache", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "greedy_search",
+    "init_train_state", "layers", "load_train_state", "load_weights", "loss_and_gradients", "model", "params_of",
+    "save_train_state", "save_weights", "train_step",
 ]

@@ -93,6 +93,20 @@ def embedding(table: jax.Array, ids: jax.Array, config: Config, start: jax.Array
     return (x + pe).astype(config.dtype)
 
 
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Inverted dropout (section 5.4): each element kept with probability 1 - rate and scaled by 1 / (1 - rate)
+    in fp32, rounded once to x's dtype. The identity when ``key`` is None (evaluation) or ``rate`` is 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)                       # x's shape, True = kept
+    return jnp.where(keep, x.astype(F32) / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def split(key: jax.Array | None, n: int) -> list[jax.Array | None]:
+    """n independent dropout keys from ``key``; n Nones in evaluation (``key`` None)."""
+    return [None] * n if key is None else list(jax.random.split(key, n))
+
+
 def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                                  implementation: str = "auto") -> jax.Array:
     """softmax(Q K^T / sqrt(d_k)) V (equation 1), scores and softmax in fp32, probabilities rounded.
@@ -184,37 +198,39 @@ def layer_norm(params: Params, x: jax.Array, eps: float) -> jax.Array:
 
 
 def sublayer_connection(params: Params, name: str, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-                        config: Config) -> jax.Array:
+                        config: Config, key: jax.Array | None = None) -> jax.Array:
     """Residual connection around ``sublayer`` (section 5.4); the residual add is rounded to x's dtype.
 
-    Post-LN (paper): ``LayerNorm(x + Sublayer(x))``; pre-LN (``config.norm_first``):
-    ``x + Sublayer(LayerNorm(x))``. ``params`` is the layer's subtree, whose
-    ``{name}_norm`` is the norm. Records ``name`` (the sublayer's output) and
-    ``{name}.residual``.
+    Post-LN (paper): ``LayerNorm(x + Dropout(Sublayer(x)))``; pre-LN (``config.norm_first``):
+    ``x + Dropout(Sublayer(LayerNorm(x)))``; dropout only with a ``key`` (training). ``params`` is the layer's
+    subtree, whose ``{name}_norm`` is the norm. Records ``name`` (the sublayer's output) and ``{name}.residual``.
     """
     norm = params[f"{name}_norm"]
     if config.norm_first:
-        y = record(name, sublayer(layer_norm(norm, x, config.layer_norm_eps)))
+        y = record(name, dropout(sublayer(layer_norm(norm, x, config.layer_norm_eps)), config.dropout, key))
         out = x + y
     else:
-        y = record(name, sublayer(x))
+        y = record(name, dropout(sublayer(x), config.dropout, key))
         out = layer_norm(norm, x + y, config.layer_norm_eps)
     return record(f"{name}.residual", out)
 
 
-def encoder_layer(params: Params, x: jax.Array, mask: jax.Array, config: Config) -> jax.Array:
+def encoder_layer(params: Params, x: jax.Array, mask: jax.Array, config: Config, key: jax.Array | None = None
+                  ) -> jax.Array:
     """Self-attention then FFN, each in a sublayer connection (section 3.1): (B, S, D) -> (B, S, D).
 
-    mask: key padding mask broadcastable to (B, 1, 1, S).
+    mask: key padding mask broadcastable to (B, 1, 1, S); ``key``: dropout (training) or None.
     """
+    keys = split(key, 2)
     x = sublayer_connection(params, "self_attn", x,
-                            lambda h: multi_head_attention(params["self_attn"], h, h, mask), config)
-    return sublayer_connection(params, "ffn", x, lambda h: feed_forward(params["ffn"], h), config)
+                            lambda h: multi_head_attention(params["self_attn"], h, h, mask), config, keys[0])
+    return sublayer_connection(params, "ffn", x, lambda h: feed_forward(params["ffn"], h), config, keys[1])
 
 
 def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Array],
                   memory_kv: tuple[jax.Array, jax.Array], self_mask: jax.Array, memory_mask: jax.Array,
-                  start: jax.Array | int, config: Config) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+                  start: jax.Array | int, config: Config, key: jax.Array | None = None
+                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """Masked self-attention with a KV cache, cross-attention, FFN (section 3.1).
 
     y (B, n, D): the new positions ``start .. start+n-1``. self_kv: this layer's
@@ -222,9 +238,10 @@ def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Ar
     keys/values are written at ``start`` (may be traced). memory_kv: the
     cross-attention keys/values of the encoder output, computed once per source
     (``attention_kv``). self_mask broadcastable to (B, 1, n, P) (causal and key
-    padding); memory_mask to (B, 1, 1, S). Returns (y (B, n, D), updated self_kv).
+    padding); memory_mask to (B, 1, 1, S); ``key``: dropout (training) or None. Returns (y (B, n, D), updated
+    self_kv).
     """
-    cache = {}
+    cache, keys = {}, split(key, 3)
 
     def self_attn(h):
         k, v = attention_kv(params["self_attn"], h)                             # (B, H, n, K), (B, H, n, C)
@@ -232,8 +249,8 @@ def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Ar
                             for c, new in zip(self_kv, (k, v), strict=True))    # (B, H, P, K|C)
         return attend(params["self_attn"], h, *cache["kv"], self_mask)
 
-    y = sublayer_connection(params, "self_attn", y, self_attn, config)
+    y = sublayer_connection(params, "self_attn", y, self_attn, config, keys[0])
     y = sublayer_connection(params, "cross_attn", y,
-                            lambda h: attend(params["cross_attn"], h, *memory_kv, memory_mask), config)
-    y = sublayer_connection(params, "ffn", y, lambda h: feed_forward(params["ffn"], h), config)
+                            lambda h: attend(params["cross_attn"], h, *memory_kv, memory_mask), config, keys[1])
+    y = sublayer_connection(params, "ffn", y, lambda h: feed_forward(params["ffn"], h), config, keys[2])
     return y, cache["kv"]

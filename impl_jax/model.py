@@ -154,14 +154,17 @@ def _causal_mask(start: jax.Array | int, n: int, capacity: int) -> jax.Array:
     return (jnp.arange(capacity)[None, :] <= q_pos)[None, None]
 
 
-def encoder_stack(params: Params, src: jax.Array, config: Config) -> jax.Array:
-    """Encoder (section 3.1): src (B, S) int -> memory (B, S, D); key padding from ``pad_id``."""
+def encoder_stack(params: Params, src: jax.Array, config: Config, key: jax.Array | None = None) -> jax.Array:
+    """Encoder (section 3.1): src (B, S) int -> memory (B, S, D); key padding from ``pad_id``; dropout with a
+    ``key`` (training)."""
     mask = (src != config.pad_id)[:, None, None, :]                               # (B, 1, 1, S) key padding
-    x = record("src_embed", layers.embedding(params["embedding"], src, config))  # (B, S, D)
     enc = params["encoder"]
+    keys = layers.split(key, 1 + len(enc["layers"]))
+    x = layers.dropout(layers.embedding(params["embedding"], src, config), config.dropout, keys[0])
+    x = record("src_embed", x)                                                     # (B, S, D)
     for i, p in enumerate(enc["layers"]):
         with scope(f"encoder.layers.{i}"):
-            x = record("out", layers.encoder_layer(p, x, mask, config))
+            x = record("out", layers.encoder_layer(p, x, mask, config, keys[1 + i]))
     if config.norm_first:
         x = layers.layer_norm(enc["final_norm"], x, config.layer_norm_eps)
     return record("encoder.out", x)
@@ -191,24 +194,39 @@ def output_logits(params: Params, h: jax.Array) -> jax.Array:
     return layers.einsum_f32("bnd,vd->bnv", h, params["embedding"])
 
 
-def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Config) -> tuple[jax.Array, KVCache]:
-    """Decoder over tokens (B, n) at positions ``cache.length ..`` -> (logits (B, n, V) fp32, updated cache)."""
+def decoder_stack(params: Params, tokens: jax.Array, cache: KVCache, config: Config, key: jax.Array | None = None
+                  ) -> tuple[jax.Array, KVCache]:
+    """Decoder over tokens (B, n) at positions ``cache.length ..`` -> (logits (B, n, V) fp32, updated cache);
+    dropout with a ``key`` (training)."""
     start, n = cache.length, tokens.shape[1]
     key_mask = jax.lax.dynamic_update_slice_in_dim(cache.key_mask, tokens != config.pad_id, start, axis=1)
     self_mask = _causal_mask(start, n, cache.capacity) & key_mask[:, None, None, :]   # (B, 1, n, P)
     memory_mask = cache.memory_mask[:, None, None, :]                                # (B, 1, 1, S)
-    y = record("tgt_embed", layers.embedding(params["embedding"], tokens, config, start))
     dec, self_kv = params["decoder"], []
+    keys = layers.split(key, 1 + len(dec["layers"]))
+    y = layers.dropout(layers.embedding(params["embedding"], tokens, config, start), config.dropout, keys[0])
+    y = record("tgt_embed", y)                                                       # (B, n, D)
     for i, p in enumerate(dec["layers"]):
         with scope(f"decoder.layers.{i}"):
             y, kv = layers.decoder_layer(p, y, cache.self_kv[i], cache.memory_kv[i], self_mask, memory_mask,
-                                         start, config)
+                                         start, config, keys[1 + i])
             record("out", y)
         self_kv.append(kv)
     if config.norm_first:
         y = layers.layer_norm(dec["final_norm"], y, config.layer_norm_eps)
     logits = record("logits", output_logits(params, record("decoder.out", y)))
     return logits, KVCache(tuple(self_kv), key_mask, cache.memory_kv, cache.memory_mask, start + n)
+
+
+def teacher_forced(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, key: jax.Array | None = None
+                   ) -> jax.Array:
+    """Encoder and decoder stacks, teacher-forced (section 3): src (B, S), tgt_in (B, T) int32, valid ->
+    logits (B, T, V) float32. Dropout with a ``key`` (training, ``impl_jax.train``), none without (evaluation).
+    The one forward of ``forward`` and of training."""
+    encoder_key, decoder_key = layers.split(key, 2)
+    memory = encoder_stack(params, src, config, encoder_key)                        # (B, S, D)
+    cache = empty_cache(params, memory, src, tgt_in.shape[1], config)  # capacity T: one code path with decode
+    return decoder_stack(params, tgt_in, cache, config, decoder_key)[0]             # (B, T, V)
 
 
 # Python in a jitted function runs once per trace, that is once per new compilation: the log line goes there.
@@ -223,9 +241,7 @@ def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, 
     # Recording runs here, at trace time, into this trace's own dict, with or without intermediates: a
     # caller's open ``recording`` never catches these tracers (which would leak, and only on the first trace).
     with recording() as rec:
-        memory = encoder_stack(params, src, config)
-        cache = empty_cache(params, memory, src, tgt_in.shape[1], config)  # capacity T: one code path with decode
-        logits, _ = decoder_stack(params, tgt_in, cache, config)
+        logits = teacher_forced(params, src, tgt_in, config)
     return logits, rec if intermediates else {}
 
 
@@ -358,7 +374,8 @@ class Transformer:
     same bits as every other backend's; ``impl_jax.from_params`` and
     ``impl_jax.load_weights`` build one from given weights. Parameters keep their
     stored dtype (``config.param_dtype``) and are cast to ``config.dtype`` where
-    they are read. JAX here is inference only: there is no dropout and no mode.
+    they are read. The model has no mode: its methods evaluate (no dropout);
+    ``impl_jax.train_step`` trains, with dropout from its state's key.
 
     The methods validate their input (the spec's ``ValueError``), then call the
     functional layer of this module; they work inside the caller's ``jax.jit``::

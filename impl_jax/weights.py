@@ -13,7 +13,7 @@ import os
 import jax
 import numpy as np
 
-from impl_jax.model import Transformer, to_tree
+from impl_jax.model import Params, Transformer, to_tree
 from spec import weights_io
 from spec.config import Config
 from spec.schema import param_specs
@@ -38,9 +38,15 @@ def params_of(model: Transformer) -> dict[str, np.ndarray]:
     names for ``save_weights`` to report (``spec.weights_io.check_params``); names outside the schema
     come last.
     """
-    order = {s.name: i for i, s in enumerate(param_specs(model.config))}
-    flat = {".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): np.asarray(x)
-            for path, x in jax.tree_util.tree_leaves_with_path(model.params)}
+    return {name: np.asarray(x) for name, x in canonical(model.params, model.config).items()}
+
+
+def canonical(tree: Params, config: Config | None) -> dict[str, jax.Array]:
+    """A parameter-shaped pytree (parameters, gradients, Adam's moments) as ``{canonical name: leaf}``, in the
+    order of ``spec.schema.param_specs`` of ``config`` (names outside it last), or in the tree's order if None."""
+    order = {s.name: i for i, s in enumerate(param_specs(config))} if config is not None else {}
+    flat = {".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): x
+            for path, x in jax.tree_util.tree_leaves_with_path(tree)}
     return dict(sorted(flat.items(), key=lambda item: order.get(item[0], len(order))))
 
 

@@ -72,6 +72,18 @@ class JaxModel:
     def save(self, path: Path) -> None:
         impl_jax.save_weights(self.model, path)
 
+    def train(self, batches, train_config, record_after):
+        model = self.model  # immutable: train_step returns a new one
+        grad = impl_jax.loss_and_gradients(model, *batches[0], train_config.label_smoothing)[1]
+        out = {"grad": {k: _np(g).astype(np.float64) for k, g in grad.items()}, "loss": []}
+        state = impl_jax.init_train_state(model, train_config, seed=0)
+        for k, batch in enumerate(batches, start=1):
+            loss, model, state = impl_jax.train_step(model, state, *batch)
+            out["loss"].append(float(loss))
+            if k in record_after:
+                out[f"params_{k}"] = {n: p.astype(np.float64) for n, p in impl_jax.params_of(model).items()}
+        return {**out, "loss": np.array(out["loss"])}
+
 
 @functools.cache
 def _layer_fn(layer, c):

@@ -36,6 +36,8 @@ def test_every_workload_is_recorded(bench_run):
         if "timing" in r:
             assert 0 < r["timing"]["median_s"] and r["timing"]["repeats"] >= 1, r
     assert data["environment"]["framework"] == fw
+    trains = [r for r in data["records"] if r["workload"] == "train"]
+    assert sorted(r["dtype"] for r in trains) == ["bfloat16", "float32"] and all("timing" in r for r in trains)
     # The product rate at the start and again at the end; utilisation divides by the faster of the two.
     rates = [r for r in data["records"] if r["workload"] == "matmul"]
     assert sorted(r["dtype"] for r in rates) == ["bfloat16", "bfloat16", "float32", "float32"]

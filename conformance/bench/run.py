@@ -10,7 +10,7 @@ merges the files. Workloads (``--workloads``, default all):
 - ``greedy``: the library's greedy_search; the per-step cost with the KV cache up to the last new token, and
   without it (prefix recomputed) over the first new tokens; ours, each dtype.
 - ``beam``: the library's beam_search, beam 4, as many new tokens as greedy's short run; ours, each dtype.
-- ``train``: a training step (forward, backward, Adam); skipped until the impls can train.
+- ``train``: our ``train_step`` (forward, backward, Adam) in mixed precision and fp32; 3x forward FLOPs.
 - ``scaling``: forward at S = T in ``--lengths``, ours and the peer, the first dtype; the fitted exponent.
 """
 
@@ -24,11 +24,12 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 
 import spec
 from conformance.bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
-from spec.flops import forward_flops
+from spec.flops import forward_flops, train_step_flops
 
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling")
 console = Console(stderr=True)
@@ -144,8 +145,28 @@ class Runner:
                         timing=timing.as_dict(), metrics=metrics)
 
     def train(self) -> None:
-        self.record("train", self.args.framework, self.args.dtypes[0], {},
-                    skipped="no backend can train yet (issue 11); this workload starts timing once one can")
+        """Our ``train_step`` (forward, backward, Adam; dropout at the paper's 0.1) through the common API, in mixed
+        precision (bf16 compute, fp32 master weights) and fp32, timed together; 3x the forward's FLOPs. The stock
+        peers are not timed here yet: each would need its own training loop."""
+        B, S, T = self.args.batch, self.args.src_len, self.args.tgt_len
+        impl = importlib.import_module(f"impl_{self.args.framework}")
+        configs = [spec.preset(self.args.config, dtype=dt, param_dtype="float32") for dt in self.args.dtypes]
+        runs = []
+        for config in configs:
+            model = self.fw.ours(config, bench_params(config), self.args.device).model
+            src, tgt_in = inputs(config, B, S, T)
+            tgt_out = np.concatenate([tgt_in[:, 1:], np.full((B, 1), config.eos_id)], axis=1)   # (B, T)
+            runs.append({"model": model, "state": impl.init_train_state(model), "batch": (src, tgt_in, tgt_out)})
+
+        def step(run: dict[str, Any]) -> None:
+            loss, run["model"], run["state"] = impl.train_step(run["model"], run["state"], *run["batch"])
+            float(loss)                                                     # waits for the device
+        timings = measure_together([lambda r=r: step(r) for r in runs], self.args.repeats)
+        for config, timing in zip(configs, timings, strict=True):
+            flops = train_step_flops(config, B, S, T)
+            self.record("train", f"impl_{self.args.framework}", config.dtype, {"B": B, "S": S, "T": T},
+                        timing=timing.as_dict(), flops=flops, param_dtype=config.param_dtype,
+                        metrics={"flop_per_s": flops / timing.median_s, "tokens_per_s": B * (S + T) / timing.median_s})
 
     def scaling(self) -> None:
         """Ours and the peer in the first dtype at each S = T; the exponent fitted per subject."""

@@ -13,6 +13,8 @@ The common public API of ``spec.api``; the same lines work in every backend::
     cache = model.init_cache(model.encode(src), src, capacity=8)
     step_logits, cache = model.decode([[1]], cache)   # (B, 1, V) float32; go on with the returned cache
     T.save_weights(model, "model.safetensors")
+    state = T.init_train_state(model)           # Adam's fp32 moments, step 0, the dropout PRNG key (section 5)
+    loss, model, state = T.train_step(model, state, src, tgt_in, [[7, 7, 2]])   # new model and state
 
 ``Transformer`` is a pytree (parameters as children, the frozen config as
 static aux data), so ``jax.jit(lambda m, s, t: m(s, t))(model, src, tgt_in)``
@@ -24,7 +26,7 @@ Search results are NumPy int64 arrays (JAX has int64 only under the
 process-wide ``jax_enable_x64`` flag, which this library never sets).
 
 Batch and lengths are padded to buckets inside ``model(...)``, ``encode`` and
-the searches, so varying shapes compile a bounded number of programs; each
+the searches, and in training (``impl_jax.train``), so varying shapes compile a bounded number of programs; each
 compilation logs one line at INFO on the ``"impl_jax"`` logger.
 
 Every entry point raises ``ValueError`` (the spec's messages, ``spec.validate``)

@@ -179,9 +179,12 @@ def _check_state(model: Transformer, state: TrainState) -> None:
     for k in ("m", "v"):
         have = {name: tuple(x.shape) for name, x in getattr(state, k).items()}
         for name in [*want, *have]:
-            if have.get(name) != want.get(name):
-                raise ValueError(f"train state: {k}.{name} has shape {have.get(name)}, the model's parameter "
-                                 f"{want.get(name)} (None: absent)")
+            if name not in have:
+                raise ValueError(f"train state: no {k}.{name} for the model's parameter {name!r}")
+            if name not in want:
+                raise ValueError(f"train state: {k}.{name} is not a parameter of the model")
+            if have[name] != want[name]:
+                raise ValueError(f"train state: {k}.{name} has shape {have[name]}, the parameter {want[name]}")
 
 
 def _check_moments(path: str | os.PathLike, model: Transformer, arrays: dict[str, np.ndarray]) -> list[str]:

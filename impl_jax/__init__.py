@@ -17,8 +17,9 @@ The common public API of ``spec.api``; the same lines work in every backend::
     loss, model, state = T.train_step(model, state, src, tgt_in, [[7, 7, 2]])   # new model and state
 
 ``Transformer`` is a pytree (parameters as children, the frozen config as
-static aux data), so ``jax.jit(lambda m, s, t: m(s, t))(model, src, tgt_in)``
-works; the functional layer it calls, ``impl_jax.model.forward(params, config,
+static aux data), so ``jax.jit(lambda m, s, t: m(s, t), compiler_options=impl_jax.XLA_OPTIONS)``
+works (the options keep XLA from skipping the contract's bf16 roundings; JAX takes them from the outermost
+jit only); the functional layer it calls, ``impl_jax.model.forward(params, config,
 src, tgt_in)`` and its siblings, is there for those who want it. Numerics follow
 ``spec.numerics``: bf16 parameters and activations, fp32 accumulation,
 attention scores, softmax and LayerNorm statistics in fp32, float32 logits.
@@ -35,6 +36,7 @@ on bad input before anything is computed.
 
 from impl_jax import layers, model
 from impl_jax.generate import beam_search, greedy_search
+from impl_jax.layers import XLA_OPTIONS
 from impl_jax.model import KVCache, Transformer
 from impl_jax.train import (
     TrainState,
@@ -49,7 +51,7 @@ from impl_jax.weights import from_params, load_weights, params_of, save_weights
 __version__ = "0.2.0"
 
 __all__ = [
-    "KVCache", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "greedy_search",
+    "KVCache", "TrainState", "Transformer", "XLA_OPTIONS", "__version__", "beam_search", "from_params", "greedy_search",
     "init_train_state", "layers", "load_train_state", "load_weights", "loss_and_gradients", "model", "params_of",
     "save_train_state", "save_weights", "train_step",
 ]

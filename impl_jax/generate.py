@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from impl_jax import layers
 from impl_jax.model import (
     Ids,
     KVCache,
@@ -83,7 +84,7 @@ def forbid_special(scores: jax.Array, pad_id: int, bos_id: int) -> jax.Array:
 
 # ----------------------------------------------------------------- greedy
 
-@functools.partial(jax.jit, static_argnames=("config", "capacity"))
+@functools.partial(layers.jit, static_argnames=("config", "capacity"))
 def _greedy(params: Params, src: jax.Array, limits: jax.Array, config: Config, capacity: int):
     log.info("impl_jax: compiling greedy_search for batch %d, source length %d (buckets); capacity %d",
              *src.shape, capacity)
@@ -139,7 +140,7 @@ def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "capacity", "k"))
+@functools.partial(layers.jit, static_argnames=("config", "capacity", "k"))
 def _beam(params: Params, src: jax.Array, limits: jax.Array, lp: jax.Array, config: Config, capacity: int, k: int):
     log.info("impl_jax: compiling beam_search for batch %d, source length %d (buckets); capacity %d, beam %d",
              *src.shape, capacity, k)

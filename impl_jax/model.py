@@ -231,7 +231,7 @@ def teacher_forced(params: Params, src: jax.Array, tgt_in: jax.Array, config: Co
 
 # Python in a jitted function runs once per trace, that is once per new compilation: the log line goes there.
 
-@functools.partial(jax.jit, static_argnames=("config", "intermediates", "rounded"))
+@functools.partial(layers.jit, static_argnames=("config", "intermediates", "rounded"))
 def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, intermediates: bool,
              rounded: bool = False):
     log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
@@ -245,19 +245,19 @@ def _forward(params: Params, src: jax.Array, tgt_in: jax.Array, config: Config, 
     return logits, rec if intermediates else {}
 
 
-@functools.partial(jax.jit, static_argnames=("config", "rounded"))
+@functools.partial(layers.jit, static_argnames=("config", "rounded"))
 def _encode_jit(params: Params, src: jax.Array, config: Config, rounded: bool = False) -> jax.Array:
     log.info("impl_jax: compiling encode for batch %d, source length %d (buckets)", *src.shape)
     return encoder_stack(params if rounded else weights_f32(params, config), src, config)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "capacity"))
+@functools.partial(layers.jit, static_argnames=("config", "capacity"))
 def _init_cache_jit(params: Params, memory: jax.Array, src: jax.Array, config: Config, capacity: int) -> KVCache:
     log.info("impl_jax: compiling init_cache for batch %d, source length %d, capacity %d", *src.shape, capacity)
     return empty_cache(cast_params(params, config), memory, src, capacity, config)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(layers.jit, static_argnames=("config",))
 def _decode_jit(params: Params, tokens: jax.Array, cache: KVCache, config: Config) -> tuple[jax.Array, KVCache]:
     log.info("impl_jax: compiling decode for batch %d, %d new tokens, source length %d, capacity %d",
              *tokens.shape, cache.memory_mask.shape[1], cache.capacity)

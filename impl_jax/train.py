@@ -33,6 +33,7 @@ import optax
 import safetensors
 import safetensors.numpy
 
+from impl_jax import layers
 from impl_jax.model import Ids, Params, Transformer, host_ids, log, padded_ids, teacher_forced, to_tree
 from impl_jax.weights import canonical
 from spec import shapes, validate
@@ -264,7 +265,7 @@ def _learning_rate(step: jax.Array, d_model: int, warmup_steps: int) -> jax.Arra
     return d_model ** -0.5 * jnp.minimum(t ** -0.5, t * warmup_steps ** -1.5)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(layers.jit, static_argnames=("config",))
 def _loss_and_gradients_jit(params: Params, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array, config: Config,
                             label_smoothing: jax.Array) -> tuple[jax.Array, Params]:
     log.info("impl_jax: compiling loss_and_gradients for batch %d, source length %d, target length %d (buckets)",
@@ -272,7 +273,7 @@ def _loss_and_gradients_jit(params: Params, src: jax.Array, tgt_in: jax.Array, t
     return _value_and_grad(params, src, tgt_in, tgt_out, config, label_smoothing, None)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "train_config"))
+@functools.partial(layers.jit, static_argnames=("config", "train_config"))
 def _train_step_jit(params: Params, m: dict[str, jax.Array], v: dict[str, jax.Array], step: jax.Array,
                     rng: jax.Array, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array, config: Config,
                     train_config: TrainConfig):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import warnings
 
@@ -30,13 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import safetensors
-import safetensors.numpy
 
 from impl_jax import layers
 from impl_jax.model import Ids, Params, Transformer, host_ids, log, padded_ids, teacher_forced, to_tree
 from impl_jax.weights import canonical
 from spec import shapes, validate
+from spec import train_state_io as spec_io
 from spec.config import Config
 from spec.recording import recording
 from spec.training import TrainConfig
@@ -120,14 +118,11 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
 
 
 def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
-    """Write ``state`` as safetensors: "m.<name>", "v.<name>" float32 in schema order, the key's data as "rng"
-    (uint32), and metadata ``step``, ``train_config`` (JSON of its fields), ``framework`` ("jax") and ``rng_impl``
-    (the PRNG implementation the key data belongs to)."""
-    tensors = {f"{k}.{name}": np.asarray(x) for k in ("m", "v") for name, x in getattr(state, k).items()}
-    tensors["rng"] = np.asarray(jax.random.key_data(state.rng))
-    meta = {"step": str(int(state.step)), "train_config": json.dumps(dataclasses.asdict(state.train_config)),
-            "framework": "jax", "rng_impl": str(jax.random.key_impl(state.rng))}
-    safetensors.numpy.save_file(tensors, str(path), metadata=meta)
+    """Write ``state`` in the canonical format of ``spec.train_state_io``: the moments as "m.<name>", "v.<name>"
+    float32, step and config, and the key's data as "rng" (framework "jax")."""
+    spec_io.save(path, spec_io.StoredState({k: np.asarray(x) for k, x in state.m.items()},
+                                           {k: np.asarray(x) for k, x in state.v.items()}, int(state.step),
+                                           state.train_config, np.asarray(jax.random.key_data(state.rng)), "jax"))
 
 
 def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
@@ -137,36 +132,25 @@ def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
     ``jax.random.key(0)``, with a ``UserWarning`` that dropout masks will differ.
 
     Raises:
-        ValueError: naming the file if it is unreadable or its metadata invalid, or naming the first moment that is
-            missing, unexpected, or of the wrong shape or dtype for ``model``.
+        ValueError: from ``spec.train_state_io.load``: naming the file if it is unreadable or its metadata invalid,
+            or naming the first moment that is missing, unexpected, or of the wrong shape or dtype for ``model``;
+            or if the step does not fit JAX's int32.
     """
-    try:
-        with safetensors.safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-        arrays = safetensors.numpy.load_file(str(path))
-        step, config = int(meta["step"]), TrainConfig(**json.loads(meta["train_config"]))
-    except (OSError, safetensors.SafetensorError, KeyError, TypeError, ValueError) as e:  # JSONDecodeError too
-        raise ValueError(f"{path}: not a train state file ({e!r})") from e
-    if not 0 <= step < 2 ** 31:
-        raise ValueError(f"{path}: step must lie in [0, 2**31), got {step}")
-    names = _check_moments(path, model, arrays)
-    moments = {k: {name: jnp.asarray(arrays[f"{k}.{name}"]) for name in names} for k in ("m", "v")}
-    return TrainState(m=moments["m"], v=moments["v"], step=jnp.asarray(step, jnp.int32),
-                      rng=_stored_key(path, meta, arrays.get("rng")), train_config=config)
+    stored = spec_io.load(path, model.config)
+    if stored.step >= 2 ** 31:
+        raise ValueError(f"{path}: step must lie in [0, 2**31), got {stored.step}")
+    m, v = ({name: jnp.asarray(x) for name, x in getattr(stored, k).items()} for k in ("m", "v"))
+    return TrainState(m=m, v=v, step=jnp.asarray(stored.step, jnp.int32), rng=_stored_key(path, stored),
+                      train_config=stored.train_config)
 
 
 # ----------------------------------------------------------------- internals
 
 def _batch(config: Config, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The spec's checks of a training batch on host copies (``spec.backward.loss_and_gradients``,
-    ``spec.training``'s loss), then the ids as int32, padded to the forward's buckets: (Bb, Sb), (Bb, Tb) twice."""
+    """``spec.validate.check_train_batch`` on host copies, then the ids as int32, padded to the forward's buckets:
+    (Bb, Sb), (Bb, Tb) twice."""
     src_host, tgt_host, out_host = (host_ids(x, config) for x in (src, tgt_in, tgt_out))
-    validate.check_forward(src_host, tgt_host, config)
-    validate.check_tokens("tgt_out", out_host, config)
-    if out_host.shape != tgt_host.shape:
-        raise ValueError(f"tgt_out: shape {out_host.shape} differs from tgt_in's {tgt_host.shape}")
-    if (out_host == config.pad_id).all():
-        raise ValueError("loss: every target is pad_id; the mean over non-pad positions is undefined")
+    validate.check_train_batch(src_host, tgt_host, out_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
     Bb, Tb = shapes.batch_bucket(B), shapes.length_bucket(T, config.max_len)
     return (padded_ids(src, src_host, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
@@ -188,32 +172,16 @@ def _check_state(model: Transformer, state: TrainState) -> None:
                 raise ValueError(f"train state: {k}.{name} has shape {have[name]}, the parameter {want[name]}")
 
 
-def _check_moments(path: str | os.PathLike, model: Transformer, arrays: dict[str, np.ndarray]) -> list[str]:
-    """The file's "m.<name>" and "v.<name>" must be float32 arrays of the model's parameter names and shapes;
-    -> the names in schema order."""
-    want = {name: tuple(p.shape) for name, p in canonical(model.params, model.config).items()}
-    for key, shape in ((f"{k}.{name}", shape) for k in ("m", "v") for name, shape in want.items()):
-        if key not in arrays:
-            raise ValueError(f"{path}: missing moment {key!r}")
-        if arrays[key].shape != shape or arrays[key].dtype != np.float32:
-            raise ValueError(f"{path}: moment {key!r} is {arrays[key].dtype} {arrays[key].shape}, the model needs "
-                             f"float32 {shape}")
-    unexpected = sorted(set(arrays) - {f"{k}.{name}" for k in ("m", "v") for name in want} - {"rng"})
-    if unexpected:
-        raise ValueError(f"{path}: unexpected tensor {unexpected[0]!r}")
-    return list(want)
-
-
-def _stored_key(path: str | os.PathLike, meta: dict[str, str], data: np.ndarray | None) -> jax.Array:
-    """The file's JAX key, bit for bit; for another framework's RNG state (or key data this JAX cannot wrap)
-    ``jax.random.key(0)`` and a ``UserWarning``."""
-    if meta.get("framework") == "jax" and data is not None:
+def _stored_key(path: str | os.PathLike, stored: spec_io.StoredState) -> jax.Array:
+    """The file's JAX key, bit for bit; for another framework's RNG state (or key data this JAX's default PRNG
+    cannot wrap) ``jax.random.key(0)`` and a ``UserWarning``."""
+    if stored.framework == "jax":
         try:
-            return jax.random.wrap_key_data(jnp.asarray(data), impl=meta.get("rng_impl"))
+            return jax.random.wrap_key_data(jnp.asarray(stored.rng))
         except (TypeError, ValueError):
-            pass  # another PRNG implementation's key data, or one this JAX does not know
-    warnings.warn(f"{path}: a train state of framework {meta.get('framework')!r} with another dropout RNG; its "
-                  f"moments, step and config are kept, the RNG is seeded afresh from 0, so dropout masks will differ",
+            pass  # another PRNG implementation's key data
+    warnings.warn(f"{path}: a train state of framework {stored.framework!r} with another dropout RNG; its moments, "
+                  f"step and config are kept, the RNG is seeded afresh from 0, so dropout masks will differ",
                   stacklevel=3)
     return jax.random.key(0)
 

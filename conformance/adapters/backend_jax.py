@@ -24,6 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import impl_jax  # noqa: E402
+from conformance.adapters.base import train_through_api  # noqa: E402
 from impl_jax import layers  # noqa: E402
 from impl_jax.model import cast_params, output_logits, params_at  # noqa: E402
 
@@ -73,16 +74,7 @@ class JaxModel:
         impl_jax.save_weights(self.model, path)
 
     def train(self, batches, train_config, record_after):
-        model = self.model  # immutable: train_step returns a new one
-        grad = impl_jax.loss_and_gradients(model, *batches[0], train_config.label_smoothing)[1]
-        out = {"grad": {k: _np(g).astype(np.float64) for k, g in grad.items()}, "loss": []}
-        state = impl_jax.init_train_state(model, train_config, seed=0)
-        for k, batch in enumerate(batches, start=1):
-            loss, model, state = impl_jax.train_step(model, state, *batch)
-            out["loss"].append(float(loss))
-            if k in record_after:
-                out[f"params_{k}"] = {n: p.astype(np.float64) for n, p in impl_jax.params_of(model).items()}
-        return {**out, "loss": np.array(out["loss"])}
+        return train_through_api(impl_jax, self.model, batches, train_config, record_after, _np)  # immutable model
 
 
 @functools.cache

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import impl_torch
+from conformance.adapters.base import train_through_api
 from spec.config import Config
 
 FP32_OUTPUTS = {"pe", "logits"}
@@ -99,16 +100,8 @@ class TorchModel:
         impl_torch.save_weights(self.model, path)
 
     def train(self, batches, train_config, record_after):
-        model = impl_torch.from_params(self.config, impl_torch.params_of(self.model)).to(self.model.device)
-        grad = impl_torch.loss_and_gradients(model, *batches[0], train_config.label_smoothing)[1]
-        out = {"grad": {k: self._np(g).astype(np.float64) for k, g in grad.items()}, "loss": []}
-        state = impl_torch.init_train_state(model, train_config, seed=0)
-        for k, batch in enumerate(batches, start=1):
-            loss, model, state = impl_torch.train_step(model, state, *batch)
-            out["loss"].append(float(loss))
-            if k in record_after:
-                out[f"params_{k}"] = {n: p.astype(np.float64) for n, p in impl_torch.params_of(model).items()}
-        return {**out, "loss": np.array(out["loss"])}
+        model = impl_torch.from_params(self.config, impl_torch.params_of(self.model)).to(self.model.device)  # a copy
+        return train_through_api(impl_torch, model, batches, train_config, record_after, self._np)
 
 
 class TorchBackend:

@@ -73,3 +73,18 @@ class Backend(Protocol):
 
     def describe(self) -> str:
         """Framework version and device, for the report."""
+
+
+def train_through_api(impl, model, batches: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                      train_config: TrainConfig, record_after: Sequence[int], to_numpy) -> dict:
+    """``Model.train`` through an impl's common API (``spec.api``) from ``model``, which it may consume (pass a
+    copy); ``to_numpy`` turns a framework array into NumPy."""
+    grad = impl.loss_and_gradients(model, *batches[0], train_config.label_smoothing)[1]
+    out = {"grad": {k: to_numpy(g).astype(np.float64) for k, g in grad.items()}, "loss": []}
+    state = impl.init_train_state(model, train_config, seed=0)
+    for k, batch in enumerate(batches, start=1):
+        loss, model, state = impl.train_step(model, state, *batch)
+        out["loss"].append(float(loss))
+        if k in record_after:
+            out[f"params_{k}"] = {n: p.astype(np.float64) for n, p in impl.params_of(model).items()}
+    return {**out, "loss": np.array(out["loss"])}

@@ -21,8 +21,14 @@ spec rounds, float32 logits. The forward, encoder, decoding step and search loop
 ``tf.function(jit_compile=True)``: traced once, compiled by XLA once per concrete shape. So that varying shapes
 compile a bounded number of programs, ``model(...)``, ``encode`` and the searches pad the batch and lengths to
 buckets (powers of two) and slice the results back; each compilation logs one line at INFO on the ``"impl_tf"``
-logger. impl_tf has no dropout: it always computes in evaluation mode. The library sets no process-wide
-TensorFlow flag.
+logger. Evaluation (the forward, decoding, search) never drops out.
+
+Training (section 5, ``impl_tf.train``): ``init_train_state`` gives a ``TrainState`` (a ``tf.Module`` of Adam's fp32
+moment variables, the step, the ``TrainConfig`` and a ``tf.random.Generator`` for dropout); ``train_step`` runs one
+compiled step (dropout, ``tf.GradientTape`` gradients, Adam) and updates model and state in place;
+``loss_and_gradients`` evaluates the loss and the fp32 gradients; ``save_train_state`` and ``load_train_state``
+write and read the canonical train-state file. The library sets no process-wide TensorFlow flag and never reads or
+seeds TensorFlow's global RNG.
 
 Every entry point checks its inputs with ``spec.validate`` on a host copy before any computation and raises
 the spec's ``ValueError``. Search never generates pad or BOS.
@@ -49,13 +55,22 @@ from impl_tf.layers import (  # noqa: E402
     scaled_dot_product_attention,
 )
 from impl_tf.model import Decoder, Encoder, KVCache, Transformer  # noqa: E402
+from impl_tf.train import (  # noqa: E402
+    TrainState,
+    init_train_state,
+    load_train_state,
+    loss_and_gradients,
+    save_train_state,
+    train_step,
+)
 from impl_tf.weights import from_params, load_weights, params_of, save_weights  # noqa: E402
 
 __version__ = "0.2.0"
 
 __all__ = [
     "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "SublayerConnection", "Transformer", "__version__", "beam_search", "from_params",
-    "greedy_search", "load_weights", "params_of", "positional_encoding", "residual_add", "save_weights",
-    "scaled_dot_product_attention",
+    "MultiHeadAttention", "SublayerConnection", "TrainState", "Transformer", "__version__", "beam_search",
+    "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights", "loss_and_gradients",
+    "params_of", "positional_encoding", "residual_add", "save_train_state", "save_weights",
+    "scaled_dot_product_attention", "train_step",
 ]

@@ -91,7 +91,7 @@ def _greedy_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.
 
 def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) -> Int[tf.Tensor, "B L"]:
     """Greedy decoding (section 6.1, ``spec.search``): src (B, S) int -> tokens (B, L) int64, L the longest row
-    (EOS included), in evaluation mode (impl_tf has no dropout).
+    (EOS included), in evaluation mode (no dropout).
 
     Raises:
         ValueError: from ``spec.validate.check_source`` and ``generation_limits``, before any computation.
@@ -157,7 +157,7 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     """Beam search (``spec.search``; paper: beam 4, alpha 0.6): src (B, S) int -> tokens (B, L) int64.
 
     Each row is the best finished hypothesis by ``log P / ((5 + |Y|) / 6) ** alpha``, or, if none finished,
-    the best alive one; L is the longest row. Computed in evaluation mode (impl_tf has no dropout).
+    the best alive one; L is the longest row. Computed in evaluation mode (no dropout).
 
     Raises:
         ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``, before any

@@ -15,6 +15,16 @@ step, where the weight's conversion would dominate). The choice is made per prod
 that XLA compiles for; the figures behind the threshold are measured by ``nox -s bench``. Eager TensorFlow has
 no kernel for (a), so eagerly the operands are upcast (b). Layers therefore run eagerly or inside
 ``tf.function(jit_compile=True)``.
+
+Training (``impl_tf.train``) differentiates these same layers with a ``tf.GradientTape``; evaluation computes
+exactly what it computed before. Parameters enter through ``weight``, a rounding to the activation dtype held in
+fp32 with a straight-through gradient, so weight gradients are fp32: the master weights' (``spec.training``).
+Three functions carry their own gradient: product (a), for which TensorFlow's gives bf16 operands fp32
+cotangents, takes (b)'s; the softmax and LayerNorm's normalization take their Jacobians in one expression, as the
+ideal backward of ``spec.backward`` does. Autodiff through their max, sums and statistics subtracts fp32 terms
+that cancel: on the tiny fp32 training golden case it missed an Adam step whose gradient is 12 ``adam_eps`` by
+half a step, and the losses after it by 20 fp32 ulps (allowed: 8); with these gradients 2.6.
+Dropout (``Dropout``, section 5.4) acts only when a layer is given one (``dropout=None``: evaluation).
 """
 
 from __future__ import annotations
@@ -46,24 +56,33 @@ def upcast_operands(rows: int) -> bool:
 def _matmul_fp32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tensor:
     """``a @ b`` (batch dims broadcast) with an fp32 accumulator, returned in fp32 (module docstring).
 
-    ``a`` is an activation; ``b`` enters in its dtype (a parameter stored in another dtype is cast: rule 0).
+    ``a`` is an activation; ``b`` a parameter, which enters in a's dtype (rule 0, ``weight``).
     """
-    b = tf.cast(b, a.dtype)
+    b = weight(b, a.dtype)  # fp32, holding b in a's dtype
 
     def upcast() -> tf.Tensor:
-        return tf.matmul(tf.cast(a, tf.float32), tf.cast(b, tf.float32), transpose_b=transpose_b)
+        return tf.matmul(tf.cast(a, tf.float32), b, transpose_b=transpose_b)                # (..., N) fp32
 
-    def bf16_operands() -> tf.Tensor:
-        return tf.matmul(a, b, transpose_b=transpose_b, output_type=tf.float32)  # needs jit_compile=True
+    @tf.custom_gradient
+    def bf16_operands(a: tf.Tensor, b: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+        # TensorFlow's gradient of a product with an fp32 result gives its bf16 operands fp32 cotangents; the
+        # upcast product computes the same function, so its gradient is this one's (fp32 for b, a's rounded once).
+        def grad(dy: tf.Tensor) -> list[tf.Tensor]:
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                y = tf.matmul(tf.cast(a, tf.float32), b, transpose_b=transpose_b)           # (..., N) fp32
+            return tape.gradient(y, [a, b], output_gradients=dy)                            # a's shape, b's
+        y = tf.matmul(a, tf.cast(b, a.dtype), transpose_b=transpose_b, output_type=tf.float32)  # XLA only
+        return y, grad
 
     if a.dtype == tf.float32 or tf.executing_eagerly():
         return upcast()
     if a.shape[:-1].is_fully_defined():
-        return upcast() if upcast_operands(math.prod(a.shape[:-1])) else bf16_operands()
+        return upcast() if upcast_operands(math.prod(a.shape[:-1])) else bf16_operands(a, b)
     # Traced for any shape (a shape-polymorphic tf.function): XLA compiles each concrete shape, where the row
     # count is a constant, so it keeps only the branch taken (its conditional simplifier inlines it).
     rows = tf.reduce_prod(tf.shape(a)[:-1])
-    return tf.cond(rows >= UPCAST_MIN_ROWS, upcast, bf16_operands)
+    return tf.cond(rows >= UPCAST_MIN_ROWS, upcast, lambda: bf16_operands(a, b))
 
 
 def _tensordot(x: tf.Tensor, w: tf.Tensor, axes: int = 1, bias: tf.Tensor | None = None) -> tf.Tensor:
@@ -74,13 +93,55 @@ def _tensordot(x: tf.Tensor, w: tf.Tensor, axes: int = 1, bias: tf.Tensor | None
     batch = tf.shape(x)[:-axes]
     y = _matmul_fp32(tf.reshape(x, tf.concat([batch, [-1]], 0)), tf.reshape(w, [math.prod(w.shape[:axes]), -1]))
     if bias is not None:
-        y += tf.cast(tf.cast(bias, x.dtype), tf.float32)
+        y += weight(bias, x.dtype)
     return tf.cast(tf.reshape(y, tf.concat([batch, w.shape[axes:]], 0)), x.dtype)
 
 
 def _variable(params: dict[str, np.ndarray], name: str) -> tf.Variable:
     """The canonical parameter ``name`` as a tf.Variable of its stored dtype, named after it."""
     return tf.Variable(params[name], name=name, trainable=True)
+
+
+def weight(p: tf.Tensor | tf.Variable, dtype: tf.DType) -> tf.Tensor:
+    """A parameter as it enters the computation (rule 0): rounded to ``dtype``, held in fp32 (same shape).
+
+    Differentiable as a straight-through rounding: its fp32 gradient passes to ``p`` unchanged, the gradient of
+    an fp32 master weight (``spec.training``), where autodiff of the casts would round it to ``dtype`` (or to a
+    bf16 parameter's dtype).
+    """
+    @tf.custom_gradient
+    def rounded(p: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+        return tf.cast(tf.cast(p, dtype), tf.float32), lambda dy: dy                      # p's shape
+    return rounded(tf.convert_to_tensor(p))
+
+
+# ----------------------------------------------------------------- dropout
+
+class Dropout:
+    """Inverted dropout (section 5.4) for one training forward, at ``rate`` with masks from stateless draws.
+
+    ``seed`` (2,) int64 is the step's (``impl_tf.train_step`` draws it from the train state's
+    ``tf.random.Generator``); each call, one dropout site of the traced forward, folds its own seed from it, so
+    masks never touch TensorFlow's global RNG. Layers take ``dropout=None`` in evaluation: the identity (rule 8).
+    """
+
+    def __init__(self, rate: float, seed: tf.Tensor):
+        self.rate, self.seed, self.sites = rate, seed, 0
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        """x (...) -> each element kept with probability 1 - rate and scaled by 1 / (1 - rate) in fp32, rounded
+        once to x's dtype; zero otherwise."""
+        if self.rate == 0.0:
+            return x
+        self.sites += 1
+        seed = tf.random.experimental.stateless_fold_in(self.seed, self.sites)      # (2,) this site's own
+        keep = tf.random.stateless_uniform(tf.shape(x), seed) >= self.rate          # x's shape, True = kept
+        return tf.where(keep, tf.cast(tf.cast(x, tf.float32) / (1.0 - self.rate), x.dtype), tf.zeros_like(x))
+
+
+def dropped(x: tf.Tensor, dropout: Dropout | None) -> tf.Tensor:
+    """``dropout(x)`` in training, x itself in evaluation (``dropout`` None)."""
+    return x if dropout is None else dropout(x)
 
 
 # ----------------------------------------------------------------- embedding
@@ -109,12 +170,13 @@ class Embedding(tf.Module):
         self.pe = positional_encoding(c.max_len, c.d_model)               # (max_len, D) fp32
         self.scale = tf.constant(math.sqrt(c.d_model), tf.float32)
 
-    def __call__(self, ids: tf.Tensor, start: tf.Tensor | int = 0) -> tf.Tensor:
-        """ids (B, L) int at positions ``start...`` -> (B, L, D), fp32 sum rounded once to the activation dtype."""
-        rows = tf.cast(tf.gather(self.embedding, ids), self.dtype)               # rule 0: in the activation dtype
-        x = tf.cast(rows, tf.float32) * self.scale                               # (B, L, D) fp32
+    def __call__(self, ids: tf.Tensor, start: tf.Tensor | int = 0, dropout: Dropout | None = None) -> tf.Tensor:
+        """ids (B, L) int at positions ``start...`` -> (B, L, D), fp32 sum rounded once to the activation dtype,
+        then ``dropout`` in training."""
+        rows = weight(tf.gather(self.embedding, ids), self.dtype)                # rule 0: in the activation dtype
+        x = rows * self.scale                                                    # (B, L, D) fp32
         pe = tf.gather(self.pe, start + tf.range(tf.shape(ids)[1]))              # (L, D) fp32
-        return tf.cast(x + pe, self.dtype)
+        return dropped(tf.cast(x + pe, self.dtype), dropout)
 
     def logits(self, h: tf.Tensor) -> tf.Tensor:
         """Tied output projection ``h E^T`` (section 3.4): (B, n, D) -> (B, n, V) float32, never rounded."""
@@ -144,10 +206,18 @@ def attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.T
     scale = tf.constant(1.0 / math.sqrt(q.shape[-1]), tf.float32)
     scores = tf.einsum("bthk,bhsk->bhts", tf.cast(q, tf.float32), tf.cast(k, tf.float32)) * scale  # (B, H, T, S)
     scores = tf.where(mask, scores, MASKED_SCORE)
-    e = tf.exp(scores - tf.reduce_max(scores, axis=-1, keepdims=True))
-    probs = tf.cast(e / tf.reduce_sum(e, axis=-1, keepdims=True), q.dtype)                         # (B, H, T, S)
+    probs = tf.cast(_softmax(scores), q.dtype)                                                     # (B, H, T, S)
     out = tf.einsum("bhts,bhsc->bthc", tf.cast(probs, tf.float32), tf.cast(v, tf.float32))         # (B, T, H, C)
     return tf.cast(out, q.dtype)
+
+
+@tf.custom_gradient
+def _softmax(scores: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+    """Max-subtracted fp32 softmax over S of scores (B, H, T, S), differentiable by its Jacobian in one
+    expression, ``p * (dp - sum(dp * p))``, as TensorFlow's own softmax is (module docstring)."""
+    e = tf.exp(scores - tf.reduce_max(scores, axis=-1, keepdims=True))                    # (B, H, T, S) fp32
+    probs = e / tf.reduce_sum(e, axis=-1, keepdims=True)                                  # (B, H, T, S)
+    return probs, lambda dp: probs * (dp - tf.reduce_sum(dp * probs, axis=-1, keepdims=True))  # (B, H, T, S)
 
 
 class MultiHeadAttention(tf.Module):
@@ -206,12 +276,25 @@ class LayerNorm(tf.Module):
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         """(..., D) -> (..., D) in x's dtype."""
-        x32 = tf.cast(x, tf.float32)
-        mu = tf.reduce_mean(x32, axis=-1, keepdims=True)
-        var = tf.reduce_mean(tf.square(x32 - mu), axis=-1, keepdims=True)
-        scale, bias = (tf.cast(tf.cast(p, x.dtype), tf.float32) for p in (self.scale, self.bias))  # rule 0
-        y = (x32 - mu) / tf.sqrt(var + self.eps) * scale + bias
+        scale, bias = (weight(p, x.dtype) for p in (self.scale, self.bias))  # rule 0
+        y = _normalized(tf.cast(x, tf.float32), self.eps) * scale + bias
         return tf.cast(y, x.dtype)
+
+
+def _normalized(x: tf.Tensor, eps: float) -> tf.Tensor:
+    """``(x - mean) / sqrt(var + eps)`` over the last axis of fp32 x (..., D), differentiable by LayerNorm's
+    Jacobian in one expression (module docstring)."""
+    @tf.custom_gradient
+    def normalized(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+        mu = tf.reduce_mean(x, axis=-1, keepdims=True)                               # (..., 1)
+        sigma = tf.sqrt(tf.reduce_mean(tf.square(x - mu), axis=-1, keepdims=True) + eps)  # (..., 1)
+        xhat = (x - mu) / sigma                                                      # (..., D)
+
+        def grad(dxhat: tf.Tensor) -> tf.Tensor:
+            mean = lambda t: tf.reduce_mean(t, axis=-1, keepdims=True)  # noqa: E731
+            return (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / sigma        # (..., D)
+        return xhat, grad
+    return normalized(x)
 
 
 def residual_add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -220,11 +303,12 @@ def residual_add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
 
 
 class SublayerConnection(tf.Module):
-    """Residual connection around a sublayer (section 5.4).
+    """Residual connection around a sublayer (section 5.4), with dropout on the sublayer's output in training.
 
-    Post-LN (paper): ``LayerNorm(x + Sublayer(x))``; pre-LN (``config.norm_first``): ``x + Sublayer(LayerNorm(x))``.
-    Records the sublayer's output and the result as ``<name>`` and ``<name>.residual``, ``<name>`` the last part
-    of ``path`` (e.g. "self_attn"): its layer's ``scope`` supplies the rest.
+    Post-LN (paper): ``LayerNorm(x + Dropout(Sublayer(x)))``; pre-LN (``config.norm_first``):
+    ``x + Dropout(Sublayer(LayerNorm(x)))``. Records the sublayer's output and the result as ``<name>`` and
+    ``<name>.residual``, ``<name>`` the last part of ``path`` (e.g. "self_attn"): its layer's ``scope`` supplies
+    the rest.
     """
 
     def __init__(self, norm: LayerNorm, norm_first: bool, path: str):
@@ -232,14 +316,15 @@ class SublayerConnection(tf.Module):
         self.norm, self.norm_first, self.path = norm, norm_first, path
         self.record_name = path.rsplit(".", 1)[-1]
 
-    def __call__(self, x: tf.Tensor, sublayer: Callable[[tf.Tensor], tf.Tensor]) -> tf.Tensor:
-        """x (B, L, D) -> (B, L, D)."""
+    def __call__(self, x: tf.Tensor, sublayer: Callable[[tf.Tensor], tf.Tensor], dropout: Dropout | None = None
+                 ) -> tf.Tensor:
+        """x (B, L, D) -> (B, L, D); ``dropout`` in training, None in evaluation."""
         if self.norm_first:
             y = record(self.record_name, sublayer(self.norm(x)))
-            out = residual_add(x, y)
+            out = residual_add(x, dropped(y, dropout))
         else:
             y = record(self.record_name, sublayer(x))
-            out = self.norm(residual_add(x, y))
+            out = self.norm(residual_add(x, dropped(y, dropout)))
         return record(f"{self.record_name}.residual", out)
 
 
@@ -258,10 +343,10 @@ class EncoderLayer(tf.Module):
         self.self_attn_sublayer = SublayerConnection(self.self_attn_norm, c.norm_first, f"{path}.self_attn")
         self.ffn_sublayer = SublayerConnection(self.ffn_norm, c.norm_first, f"{path}.ffn")
 
-    def __call__(self, x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-        """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D)."""
-        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, h, mask))
-        return self.ffn_sublayer(x, self.ffn)
+    def __call__(self, x: tf.Tensor, mask: tf.Tensor, dropout: Dropout | None = None) -> tf.Tensor:
+        """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D); ``dropout`` in training, None in evaluation."""
+        x = self.self_attn_sublayer(x, lambda h: self.self_attn(h, h, mask), dropout)
+        return self.ffn_sublayer(x, self.ffn, dropout)
 
 
 def write_kv(cache: tf.Tensor, new: tf.Tensor, start: tf.Tensor) -> tf.Tensor:
@@ -290,14 +375,15 @@ class DecoderLayer(tf.Module):
         self.ffn_sublayer = SublayerConnection(self.ffn_norm, c.norm_first, f"{path}.ffn")
 
     def __call__(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], start: tf.Tensor, self_mask: tf.Tensor,
-                 memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor
+                 memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor, dropout: Dropout | None = None
                  ) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
         """n new tokens at positions ``start...`` against this layer's cache.
 
         y (B, n, D); self_kv: preallocated (k (B, H, T_max, K), v (B, H, T_max, C)) holding positions
         < start; self_mask (B, 1, n, T_max) (causal and key padding, False beyond the written positions);
         memory_kv: cross-attention (k (B, H, S, K), v (B, H, S, C)), computed once per source; memory_mask
-        (B, 1, 1, S). Returns (B, n, D) and self_kv with the new keys/values written at ``start...``.
+        (B, 1, 1, S); ``dropout`` in training, None in evaluation. Returns (B, n, D) and self_kv with the new
+        keys/values written at ``start...``.
         """
         new_kv = []
 
@@ -306,7 +392,7 @@ class DecoderLayer(tf.Module):
             new_kv.extend(write_kv(cache, new, start) for cache, new in zip(self_kv, (k, v), strict=True))
             return self.self_attn.attend(h, *new_kv, self_mask)
 
-        y = self.self_attn_sublayer(y, self_attn)
-        y = self.cross_attn_sublayer(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask))
-        y = self.ffn_sublayer(y, self.ffn)
+        y = self.self_attn_sublayer(y, self_attn, dropout)
+        y = self.cross_attn_sublayer(y, lambda h: self.cross_attn.attend(h, *memory_kv, memory_mask), dropout)
+        y = self.ffn_sublayer(y, self.ffn, dropout)
         return y, tuple(new_kv)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.layers import DecoderLayer, Embedding, EncoderLayer, LayerNorm, write_kv
+from impl_tf.layers import DecoderLayer, Dropout, Embedding, EncoderLayer, LayerNorm, write_kv
 from spec import shapes, validate
 from spec.config import Config
 from spec.init import init_params
@@ -82,13 +82,14 @@ class Encoder(tf.Module):
         self.layers = [EncoderLayer(c, params, f"encoder.layers.{i}") for i in range(c.n_encoder_layers)]
         self.final_norm = LayerNorm(c, params, "encoder.final_norm") if c.norm_first else None
 
-    def __call__(self, src: tf.Tensor) -> tf.Tensor:
-        """src (B, S) int32 -> memory (B, S, D); keys at ``pad_id`` are masked out."""
+    def __call__(self, src: tf.Tensor, dropout: Dropout | None = None) -> tf.Tensor:
+        """src (B, S) int32 -> memory (B, S, D); keys at ``pad_id`` are masked out. ``dropout`` in training (section
+        5.4), None in evaluation."""
         mask = (src != self.pad_id)[:, None, None, :]                         # (B, 1, 1, S) key padding mask
-        x = record("src_embed", self.embedding(src))                          # (B, S, D)
+        x = record("src_embed", self.embedding(src, dropout=dropout))         # (B, S, D)
         for i, layer in enumerate(self.layers):
             with scope(f"encoder.layers.{i}"):
-                x = record("out", layer(x, mask))
+                x = record("out", layer(x, mask, dropout))
         if self.final_norm is not None:
             x = self.final_norm(x)
         return record("encoder.out", x)
@@ -113,21 +114,23 @@ class Decoder(tf.Module):
                        memory_kv=tuple(layer.cross_attn.key_value(memory) for layer in self.layers),
                        memory_mask=src != c.pad_id, length=tf.constant(0, tf.int32))
 
-    def __call__(self, tokens: tf.Tensor, cache: KVCache) -> tuple[tf.Tensor, KVCache]:
+    def __call__(self, tokens: tf.Tensor, cache: KVCache, dropout: Dropout | None = None
+                 ) -> tuple[tf.Tensor, KVCache]:
         """tokens (B, n) int32 at positions ``cache.length...`` -> float32 logits (B, n, V) and the updated cache.
 
-        Self-attention sees the cached positions and the new ones causally, minus padding keys.
+        Self-attention sees the cached positions and the new ones causally, minus padding keys. ``dropout`` in
+        training (section 5.4), None in evaluation.
         """
         start, n, capacity = cache.length, tf.shape(tokens)[1], tf.shape(cache.key_mask)[1]
         key_mask = write_kv(cache.key_mask, tokens != self.c.pad_id, start)                  # (B, T_max)
         causal = tf.range(capacity)[None, :] <= (start + tf.range(n))[:, None]                 # (n, T_max)
         self_mask = causal[None, None] & key_mask[:, None, None, :]                           # (B, 1, n, T_max)
         memory_mask = cache.memory_mask[:, None, None, :]                                     # (B, 1, 1, S)
-        y = record("tgt_embed", self.embedding(tokens, start))                                # (B, n, D)
+        y = record("tgt_embed", self.embedding(tokens, start, dropout))                       # (B, n, D)
         self_kv = []
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
-                y, kv = layer(y, cache.self_kv[i], start, self_mask, cache.memory_kv[i], memory_mask)
+                y, kv = layer(y, cache.self_kv[i], start, self_mask, cache.memory_kv[i], memory_mask, dropout)
                 record("out", y)
             self_kv.append(kv)
         if self.final_norm is not None:
@@ -140,7 +143,8 @@ class Transformer(tf.Module):
     """The Transformer of "Attention Is All You Need" (section 3), holding ``spec.init_params(config, seed)``.
 
     ``impl_tf.from_params(config, params)`` builds one from given canonical parameters, ``impl_tf.load_weights``
-    from a file. The model has no dropout (impl_tf does not train), so it always computes in evaluation mode.
+    from a file. Its entry points always compute in evaluation mode (no dropout); ``impl_tf.train_step`` runs
+    the same forward with dropout (section 5.4).
 
     Args:
         config: a ``spec.config.Config``; ``model.config`` is the config the model computes by.
@@ -168,7 +172,7 @@ class Transformer(tf.Module):
         self.embedding = Embedding(config, params)
         self.encoder = Encoder(config, params, self.embedding)
         self.decoder = Decoder(config, params, self.embedding)
-        self._loops = {}  # compiled generation loops, by kind (impl_tf.generate)
+        self._loops = {}  # compiled generation loops and training steps, by kind (impl_tf.generate, .train)
         self._shapes = set()  # (function, shape) pairs dispatched so far: XLA compiled each once
         compile_ = functools.partial(tf.function, jit_compile=True)
         self._encode = compile_(lambda src: self.encoder(src), input_signature=[IDS])
@@ -196,9 +200,11 @@ class Transformer(tf.Module):
         by_name = {v.name.removesuffix(":0"): v for v in self.variables}
         return {s.name: by_name[s.name] for s in param_specs(self.config)}
 
-    def _teacher_forced(self, src: tf.Tensor, tgt_in: tf.Tensor) -> tf.Tensor:
-        memory = self.encoder(src)
-        return self.decoder(tgt_in, self.decoder.init_cache(memory, src, tf.shape(tgt_in)[1]))[0]
+    def _teacher_forced(self, src: tf.Tensor, tgt_in: tf.Tensor, dropout: Dropout | None = None) -> tf.Tensor:
+        """src (B, S), tgt_in (B, T) int32 -> logits (B, T, V) float32: the decoder's one code path over an empty
+        cache of capacity T. ``dropout`` in training, None in evaluation."""
+        memory = self.encoder(src, dropout)                                                  # (B, S, D)
+        return self.decoder(tgt_in, self.decoder.init_cache(memory, src, tf.shape(tgt_in)[1]), dropout)[0]
 
     def _teacher_forced_recorded(self, src: tf.Tensor, tgt_in: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         # Records while tf.function traces this (the plain, uncompiled modules run inside): the dict of symbolic

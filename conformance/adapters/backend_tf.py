@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import impl_tf
+from conformance.adapters.base import train_through_api
 from spec.config import Config
 
 # fp32 products must be fp32 on GPUs too (spec.numerics rule 8); op determinism keeps runs repeatable.
@@ -99,6 +100,10 @@ class TFModel:
 
     def save(self, path: Path) -> None:
         impl_tf.save_weights(self.model, path)
+
+    def train(self, batches, train_config, record_after):
+        model = impl_tf.from_params(self.config, impl_tf.params_of(self.model))  # a copy: train_step updates it
+        return train_through_api(impl_tf, model, batches, train_config, record_after, lambda t: t.numpy())
 
 
 class TFBackend:

@@ -4,6 +4,8 @@
     nox -s "conformance(backend='reference')"       # one backend
     nox -s bench                                    # speed: every framework, then the report and README section
     nox -s "bench(framework='jax')" -- --workloads forward --batch 16   # one framework, options to the bench
+    nox -s train_demo                               # every backend learns the reverse task; loss plot, accuracies
+    nox -s "train_demo(backend='jax')" -- --steps 500 --min-accuracy 0.9   # one backend, options to the demo
     nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, README examples
     nox -s golden                                   # rewrite spec/golden
     nox -s golden -- --check                        # regenerate in a temp dir, compare bit for bit
@@ -72,6 +74,30 @@ def bench_report(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "./spec", "./conformance[bench]")
     session.run("python", "-m", "conformance.bench.report", *map(str, files), "--out", str(REPORTS / "bench"),
                 "--readme", str(ROOT / "README.md"))
+
+
+@nox.session
+@nox.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+def train_demo(session: nox.Session, backend: str) -> None:
+    """One framework trains the demo's model on the reverse task (``spec.demo``) from the same weights and data as
+    the others and must reach 99% held-out exact match; arguments after ``--`` go to the demo (a later
+    ``--min-accuracy`` replaces this one)."""
+    session.install(*CONSTRAINTS, "./spec", *PACKAGES[backend])
+    session.notify("train_demo_report")
+    session.run("python", "-m", f"impl_{backend}.train_demo", "--out", str(REPORTS / "train_demo" / f"{backend}.json"),
+                "--min-accuracy", "0.99", *session.posargs)
+
+
+@nox.session
+def train_demo_report(session: nox.Session) -> None:
+    """This run's training demos: one PNG of the loss curves, one JSON of the accuracies and times; after a run of
+    every framework, both copied to conformance/train_demo/ for the README."""
+    files = sorted((REPORTS / "train_demo").glob("*.json"))
+    files = [f for f in files if f.name != "train-demo.json"]
+    if not files:
+        session.skip("no training demo from this run")
+    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]")
+    session.run("python", "-m", "conformance.train_report", *map(str, files), "--out", str(REPORTS / "train_demo"))
 
 
 @nox.session

@@ -1,0 +1,12 @@
+"""Train on the reverse task and print the held-out exact match (``spec.demo``, issue 11).
+
+    python -m impl_torch.train_demo [--steps N] [--batch B] [--seed S] [--out run.json] [--min-accuracy 0.99]
+"""
+
+import sys
+
+import impl_torch
+from spec import demo
+
+if __name__ == "__main__":
+    demo.main(impl_torch, sys.argv[1:])

@@ -39,8 +39,9 @@ def pytest_configure(config):
 
 
 def pytest_ignore_collect(collection_path, config):
-    """The common-API checks and the bench ask an impl module; the reference backend is the spec itself."""
-    impl_only = collection_path.name in ("test_api.py", "test_bench.py")
+    """The common-API checks, the bench and the training demo ask an impl module; the reference backend is the
+    spec itself."""
+    impl_only = collection_path.name in ("test_api.py", "test_bench.py", "test_train_demo.py")
     return impl_only and config.getoption("--backend") == "reference" or None
 
 

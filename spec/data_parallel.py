@@ -1,0 +1,311 @@
+"""Data-parallel training (issue 13): the command line, data, split, checkpoints and records every impl shares.
+
+Each impl runs the loop here on its framework's own engine (``impl_torch.train_dp``: ``DistributedDataParallel``
+under ``torchrun``; ``impl_jax.train_dp``: ``jax.sharding`` under ``jax.jit``; ``impl_tf.train_dp``:
+``tf.distribute.MirroredStrategy``), through the small ``Engine`` protocol below. The same command in all three::
+
+    python -m impl_torch.train_dp --data-parallel 2 --steps 300 --checkpoint-dir ckpt [--resume] [--record rec]
+
+Data. The global batch of step k (1-based) is ``spec.demo.reverse_batch`` drawn from ``default_rng([seed, k])``:
+a function of the step alone, so the data position of a checkpoint is its step, and N workers see exactly the
+batches one device sees. Worker r of N takes rows ``[r B/N, (r + 1) B/N)`` (``shard``); their token counts differ
+(sequences are 8-16 tokens), which is the case the loss must weigh right.
+
+Loss. The loss of a step is the global batch's: the sum over its non-pad targets divided by ``token_count`` of
+the *global* batch (spec.training), not the mean of per-worker means, which would weigh a worker's tokens by the
+inverse of its token count. A worker's share is ``sum_local / N_global``; summing the shares (and their gradients)
+over workers gives the global loss and gradient. An engine that averages gradients over W workers (DDP) is given
+``W * sum_local / N_global``.
+
+Checkpoints (``--checkpoint-dir``, every ``--checkpoint-every`` steps and at the end): ``step-<k>/`` holding
+``model.safetensors`` (``save_weights``), ``train_state.safetensors`` (``save_train_state``: Adam's moments, the
+schedule's step, the chief's dropout RNG), any per-worker RNG files the engine writes, and ``progress.json``
+(step, workers, batch, seed, config). Written into a temporary folder and renamed when complete, so a worker
+killed mid-write leaves the previous checkpoint intact; ``--resume`` continues from the newest complete one and
+ends bit-identical to a run never stopped.
+
+Records (``--record DIR``, for the conformance suite): ``losses.json`` (the loss and seconds of every step) and,
+after each step k of ``--record-steps``, ``params_<k>.safetensors`` (canonical names, float32 master weights) and
+``grad_<k>.safetensors`` (the global gradient that step applied).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+import safetensors.numpy
+
+from spec import demo
+from spec.config import PRESETS, Config
+from spec.training import TrainConfig
+
+Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # src (B, S), tgt_in (B, T), tgt_out (B, T) int64
+
+
+def global_batch(config: Config, step: int, batch: int, seed: int) -> Batch:
+    """The global batch of step ``step`` (1-based): ``demo.reverse_batch`` from ``default_rng([seed, step])``.
+
+    Raises:
+        ValueError: if ``step`` < 1, or from ``reverse_batch``.
+    """
+    if step < 1:
+        raise ValueError(f"global_batch: steps count from 1, got {step}")
+    return demo.reverse_batch(np.random.default_rng([seed, step]), config, batch)
+
+
+def shard(arrays: Batch, rank: int, world: int) -> Batch:
+    """Worker ``rank``'s rows of a global batch: ``[rank B/world, (rank + 1) B/world)`` of each array.
+
+    Raises:
+        ValueError: if ``world`` does not divide B, or ``rank`` is not in [0, world).
+    """
+    B = arrays[0].shape[0]
+    if world < 1 or B % world or not 0 <= rank < world:
+        raise ValueError(f"shard: a batch of {B} rows splits into {world} equal parts, worker {rank} of them; "
+                         f"the global batch must be a multiple of the number of workers")
+    rows = slice(rank * B // world, (rank + 1) * B // world)
+    return tuple(a[rows] for a in arrays)  # type: ignore[return-value]
+
+
+def token_count(tgt_out: np.ndarray, pad_id: int) -> int:
+    """N: the non-pad targets of a (global) batch, the loss's denominator for every worker (spec.training)."""
+    return int((np.asarray(tgt_out) != pad_id).sum())
+
+
+class Engine(Protocol):
+    """One process's view of data-parallel training on its framework's engine.
+
+    ``world`` workers in all (processes x devices); ``chief`` is True in the one process that writes files and
+    prints. An engine holds the model and train state of ``T.init_train_state``, replicated on every worker.
+    """
+
+    world: int
+    chief: bool
+
+    def step(self, batch: Batch, keep_gradient: bool) -> tuple[float, dict[str, np.ndarray] | None]:
+        """One Adam step on the global batch (each worker computing on its ``shard``, the gradient reduced by the
+        engine): -> (the global batch's loss before the update, {name: float32 global gradient} if
+        ``keep_gradient`` else None)."""
+
+    def params(self) -> dict[str, np.ndarray]:
+        """The current weights, canonical names, on the host (the same in every worker)."""
+
+    def save(self, directory: Path) -> None:
+        """Every process writes its part of a checkpoint into ``directory`` (the chief ``model.safetensors`` and
+        ``train_state.safetensors``); returns once all have (a barrier)."""
+
+    def load(self, directory: Path) -> None:
+        """Every process restores model, train state and its dropout RNG from a checkpoint ``save`` wrote."""
+
+    def barrier(self) -> None:
+        """Returns once every process has reached it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The parsed command line (``parser``)."""
+
+    data_parallel: int
+    steps: int
+    batch: int
+    seed: int
+    config: Config
+    train_config: TrainConfig
+    checkpoint_dir: Path | None
+    checkpoint_every: int
+    resume: bool
+    record: Path | None
+    record_steps: tuple[int, ...]
+    min_accuracy: float | None
+    kill_at: tuple[int, int] | None
+
+
+def config_of(name: str, dtype: str, dropout: float | None) -> Config:
+    """The model of ``--config``: "demo" (``spec.demo.DEMO_CONFIG``) or a preset; fp32 master weights computing in
+    ``dtype``; ``dropout`` (None: the config's own)."""
+    base = demo.DEMO_CONFIG if name == "demo" else PRESETS[name]
+    c = base.replace(dtype=dtype, param_dtype="float32")
+    return c if dropout is None else c.replace(dropout=dropout)
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    """The command line of every impl's ``python -m impl_<fw>.train_dp``."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-parallel", type=int, default=1, metavar="N", help="workers (devices or processes)")
+    p.add_argument("--steps", type=int, default=300, help="train until this step (a resumed run: until it, too)")
+    p.add_argument("--batch", type=int, default=demo.BATCH, help="global batch, split evenly across workers")
+    p.add_argument("--seed", type=int, default=demo.SEED, help="weights, data and dropout")
+    p.add_argument("--config", default="demo", choices=["demo", *sorted(PRESETS)])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="compute dtype; the master weights are float32")
+    p.add_argument("--dropout", type=float, help="dropout rate (default: the config's)")
+    p.add_argument("--warmup-steps", type=int, default=demo.TRAIN_CONFIG.warmup_steps)
+    p.add_argument("--checkpoint-dir", type=Path)
+    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (and at the end)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
+    p.add_argument("--record", type=Path, help="write losses, and weights and gradients at --record-steps, here")
+    p.add_argument("--record-steps", type=_ints, default=(1,), help="comma-separated steps to record")
+    p.add_argument("--min-accuracy", type=float,
+                   help="greedy-decode the held-out set at the end; exit non-zero below this exact match")
+    p.add_argument("--kill-at", type=_kill_at, metavar="STEP:RANK",
+                   help="testing aid: worker RANK kills itself (SIGKILL) as step STEP begins, as a crashed host")
+    return p
+
+
+def options(argv: list[str] | None, prog: str) -> Options:
+    """Parse and check the command line.
+
+    Raises:
+        SystemExit: (argparse's error, status 2) naming the option, if a count is not positive, the batch does not
+            split evenly, ``--resume`` or ``--checkpoint-every`` lacks ``--checkpoint-dir``.
+    """
+    p = parser(prog)
+    a = p.parse_args(argv)
+    for name in ("data_parallel", "steps", "batch", "checkpoint_every", "warmup_steps"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    if a.batch % a.data_parallel:
+        p.error(f"--batch {a.batch} must be a multiple of --data-parallel {a.data_parallel}")
+    if a.resume and a.checkpoint_dir is None:
+        p.error("--resume needs --checkpoint-dir")
+    try:
+        config = config_of(a.config, a.dtype, a.dropout)
+        train_config = dataclasses.replace(demo.TRAIN_CONFIG, warmup_steps=a.warmup_steps)
+    except ValueError as e:
+        p.error(str(e))
+    return Options(a.data_parallel, a.steps, a.batch, a.seed, config, train_config, a.checkpoint_dir,
+                   a.checkpoint_every, a.resume, a.record, tuple(a.record_steps), a.min_accuracy, a.kill_at)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete ``step-<k>`` folder under ``root`` (None if there is none)."""
+    done = sorted(root.glob("step-*/progress.json")) if root.is_dir() else []
+    return done[-1].parent if done else None
+
+
+def write_checkpoint(engine: Engine, root: Path, step: int, o: Options, framework: str) -> None:
+    """Every process writes its part into ``root/.step-<k>.tmp`` (``engine.save``); the chief then adds
+    ``progress.json`` and renames the folder to ``step-<k>``, so only complete checkpoints carry that name."""
+    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.tmp"
+    if engine.chief:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    engine.barrier()
+    engine.save(tmp)
+    if engine.chief:
+        (tmp / "progress.json").write_text(json.dumps(_progress(step, o, framework), indent=1))
+        os.replace(tmp, final)
+    engine.barrier()
+
+
+def resume(engine: Engine, o: Options, framework: str) -> int:
+    """Restore the newest checkpoint of ``o.checkpoint_dir`` into ``engine``: -> its step (0 if there is none).
+
+    Raises:
+        ValueError: if the checkpoint was written by a run with other workers, batch, seed, config or framework
+            (its data or arithmetic would differ).
+    """
+    path = latest_checkpoint(o.checkpoint_dir)
+    if path is None:
+        return 0
+    stored = json.loads((path / "progress.json").read_text())
+    want = _progress(stored["step"], o, framework)
+    diff = [k for k in want if stored.get(k) != want[k]]
+    if diff:
+        raise ValueError(f"{path}: written by a run with other {', '.join(diff)} "
+                         f"({', '.join(f'{k}={stored.get(k)!r}' for k in diff)}); resume with the same options")
+    engine.load(path)
+    return int(stored["step"])
+
+
+def run(engine: Engine, o: Options, framework: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train ``engine`` from step 1 (or the checkpoint ``--resume`` finds) to ``o.steps``: one global batch per
+    step, checkpoints and records as the module docstring says. Returns {"losses", "step_s", "first_step",
+    "steps", "data_parallel", "train_s"} for the steps this run took."""
+    first = resume(engine, o, framework) + 1 if o.resume else 1
+    if first > 1:
+        log(f"{framework}: resumed from step {first - 1} ({o.checkpoint_dir})")
+    losses, step_s = [], []
+    for step in range(first, o.steps + 1):
+        if o.kill_at == (step, _rank(engine)):
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.perf_counter()
+        loss, grad = engine.step(global_batch(o.config, step, o.batch, o.seed), step in o.record_steps)
+        step_s.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if engine.chief and o.record and step in o.record_steps:
+            _save(o.record / f"grad_{step}.safetensors", grad)
+            _save(o.record / f"params_{step}.safetensors", engine.params())
+        if o.checkpoint_dir and (step % o.checkpoint_every == 0 or step == o.steps):
+            write_checkpoint(engine, o.checkpoint_dir, step, o, framework)
+    result = {"framework": framework, "data_parallel": o.data_parallel, "first_step": first, "steps": o.steps,
+              "losses": losses, "step_s": step_s, "train_s": float(sum(step_s))}
+    if engine.chief and o.record:
+        (o.record / "losses.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(T: ModuleType, engine_of: Callable[[Options], Engine], argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m impl_<fw>.train_dp``: parse, build the engine, train, report; with ``--min-accuracy``, decode the
+    held-out set of ``spec.demo`` greedily with the final weights (the chief alone).
+
+    Raises:
+        SystemExit: on a bad command line (status 2), or non-zero if the exact match is below ``--min-accuracy``.
+    """
+    framework = T.__name__.removeprefix("impl_")
+    o = options(argv, f"python -m {T.__name__}.train_dp")
+    if o.record:
+        o.record.mkdir(parents=True, exist_ok=True)
+    engine = engine_of(o)
+    result = run(engine, o, framework)
+    if not engine.chief:
+        return result
+    done = len(result["losses"])
+    line = (f"{T.__name__}: {o.data_parallel} worker(s), steps {result['first_step']}-{o.steps} of {o.batch}, "
+            f"{result['train_s']:.1f} s of training" + (f", final loss {result['losses'][-1]:.3f}" if done else ""))
+    if o.min_accuracy is not None:
+        model = T.from_params(o.config, engine.params())
+        result["accuracy"] = demo.evaluate(T, model, o.config, demo.heldout(o.config))
+        line += f", held-out exact match {result['accuracy']:.1%}"
+    print(line, flush=True)
+    if o.min_accuracy is not None and result["accuracy"] < o.min_accuracy:
+        raise SystemExit(f"{T.__name__}: exact match {result['accuracy']:.3f} is below --min-accuracy "
+                         f"{o.min_accuracy}")
+    return result
+
+
+# ----------------------------------------------------------------- internals
+
+def _progress(step: int, o: Options, framework: str) -> dict[str, Any]:
+    return {"step": step, "framework": framework, "data_parallel": o.data_parallel, "batch": o.batch,
+            "seed": o.seed, "config": o.config.to_dict(), "train_config": dataclasses.asdict(o.train_config)}
+
+
+def _rank(engine: Engine) -> int:
+    """The engine's process rank (0 for a single process driving several devices)."""
+    return int(getattr(engine, "rank", 0))
+
+
+def _save(path: Path, tensors: dict[str, np.ndarray] | None) -> None:
+    safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in (tensors or {}).items()},
+                                str(path))
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def _kill_at(text: str) -> tuple[int, int]:
+    step, _, rank = text.partition(":")
+    return int(step), int(rank or 0)

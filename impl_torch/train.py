@@ -189,12 +189,19 @@ def _loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids,
     leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
     with torch.enable_grad():
         logits = torch.func.functional_call(model, leaves, (src, tgt_in))                # (B, T, V) float32
-        y = device_ids(tgt_out, model.device)                                            # (B, T)
-        # Mean over non-pad targets of (1 - eps) NLL + eps mean_v(-log p_v): spec.training's loss, in fp32.
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=model.config.pad_id,
-                               label_smoothing=label_smoothing)                          # () float32
+        loss = _cross_entropy(model, logits, tgt_out, label_smoothing, "mean")           # () float32
         grads = torch.autograd.grad(loss, list(leaves.values()))
     return loss.detach(), dict(zip(leaves, grads, strict=True))
+
+
+def _cross_entropy(model: Transformer, logits: Tensor, tgt_out: Ids, label_smoothing: float, reduction: str
+                   ) -> Tensor:
+    """spec.training's label-smoothed loss of logits (B, T, V) float32 against validated tgt_out (B, T), in fp32:
+    (1 - eps) NLL + eps mean_v(-log p_v) over the non-pad targets, their mean (``reduction="mean"``) or sum
+    (``"sum"``, which a data-parallel worker divides by the global batch's token count) -> () float32."""
+    y = device_ids(tgt_out, model.device)                                                # (B, T)
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=model.config.pad_id,
+                           label_smoothing=label_smoothing, reduction=reduction)         # () float32
 
 
 @torch.no_grad()

@@ -248,12 +248,22 @@ def _train_step_jit(params: Params, m: dict[str, jax.Array], v: dict[str, jax.Ar
     """-> (loss, new params tree, m, v, step, rng): one step of ``train_step`` on validated, bucketed ids."""
     log.info("impl_jax: compiling train_step for batch %d, source length %d, target length %d (buckets)",
              *src.shape, tgt_in.shape[1])
+    loss, _, *updated = _adam_step(params, m, v, step, rng, src, tgt_in, tgt_out, config, train_config)
+    return loss, *updated
+
+
+def _adam_step(params: Params, m: dict[str, jax.Array], v: dict[str, jax.Array], step: jax.Array, rng: jax.Array,
+               src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array, config: Config, train_config: TrainConfig):
+    """-> (loss, {canonical name: fp32 gradient}, new params tree, m, v, step, rng): the traced body of one
+    ``train_step``; the gradient is the one the update used (``impl_jax.train_dp`` returns it, this module drops it,
+    and XLA with it)."""
     tc = train_config
     rng, key = jax.random.split(rng)
     loss, grads = _value_and_grad(params, src, tgt_in, tgt_out, config, tc.label_smoothing, key)
+    grads = canonical(grads, config)                                          # {name: fp32 gradient}
     adam = optax.scale_by_adam(b1=tc.beta1, b2=tc.beta2, eps=tc.adam_eps)
-    updates, adam_state = adam.update(canonical(grads, config), optax.ScaleByAdamState(step, m, v))  # fp32
+    updates, adam_state = adam.update(grads, optax.ScaleByAdamState(step, m, v))  # fp32
     lr = _learning_rate(adam_state.count, config.d_model, tc.warmup_steps)    # at step + 1
     new = {name: (p.astype(F32) - lr * updates[name]).astype(p.dtype)         # fp32 update, rounded once
            for name, p in canonical(params, config).items()}
-    return loss, to_tree(new), adam_state.mu, adam_state.nu, adam_state.count, rng
+    return loss, grads, to_tree(new), adam_state.mu, adam_state.nu, adam_state.count, rng

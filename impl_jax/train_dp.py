@@ -1,0 +1,268 @@
+"""Data-parallel training on ``jax.sharding`` (issue 13): the command line of ``spec.data_parallel``.
+
+    python -m impl_jax.train_dp --data-parallel 2 [--steps N] [--checkpoint-dir D [--resume]] [--record R]
+
+Engine. One program over N devices under ``jax.jit``, driven by one process: a ``Mesh`` of the first N of
+``jax.devices()`` with one axis "data"; the global batch is laid out by rows over it (``NamedSharding(mesh,
+P("data"))``: device r holds worker r's ``spec.data_parallel.shard``, padded to the batch and length buckets), and
+the weights, Adam's moments, the schedule's step and the dropout key are replicated (``NamedSharding(mesh, P())``).
+The step is ``impl_jax.train``'s own jitted program (``_train_step_jit``, compiled with ``impl_jax.XLA_OPTIONS``)
+called on those arrays: it follows the input shardings, and XLA's SPMD partitioner inserts the all-reduce of the
+gradients (and of the loss's two sums); the compiled HLO holds it (``DataParallel.hlo``, tested). One process, so
+``world`` is N, ``rank`` 0, ``chief`` True and ``barrier`` a no-op; ``--data-parallel 1`` is the same program on
+a mesh of one device. On a CPU, ``main`` gives JAX's CPU backend N devices (``jax_num_cpu_devices``) before it
+starts; on a GPU or TPU host the devices are the accelerator's. Several hosts (untested here): one process per
+host, each with ``JAX_COORDINATOR_ADDRESS=<host:port> JAX_NUM_PROCESSES=<P> JAX_PROCESS_ID=<i>`` (or under SLURM or
+Open MPI, which ``jax.distributed`` detects itself), and ``--data-parallel`` the global device count; ``main``
+then calls ``jax.distributed.initialize`` and process 0 is the chief.
+
+Loss. ``impl_jax.train._loss`` divides the sum over the non-pad targets of the array it is given by their count,
+and under ``jit`` that array is the global batch: a sharding changes where a value is computed, not what. So each
+device's rows contribute ``sum_local / N_global`` to the loss and their share of the gradient, and the all-reduce
+adds them: the global batch's loss and gradient, not a mean of per-worker means, with nothing to rescale (no
+engine averages over devices here). Padding rows and positions are ``pad_id`` targets and count in neither.
+
+Dropout. Masks as ``impl_jax.train_step`` draws them, from a key split off the state's one key (``init_train_state``:
+``jax.random.key(seed)``, replicated on every device). ``jax.random`` bits are a function of the key and the
+element's index in the global array, so device r draws the masks of its own rows (with ``jax_threefry_partitionable``,
+JAX's default, it computes only those; without it each device would compute all and keep its own). They are the
+masks one device draws for a batch whose rows lie as they lie on the N devices: where B and B/N are powers of two
+(the demo's 64 rows, the tests' 8, on 2 devices: no padding rows), N devices and one draw the same masks.
+
+Checkpoints. Nothing beyond ``spec.data_parallel``'s common files: the devices share the one key, which
+``train_state.safetensors`` holds (its "rng"), so a resumed run draws the masks the uninterrupted run draws.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import impl_jax
+from impl_jax import layers, train
+from impl_jax.model import Params, Transformer, log
+from impl_jax.train import TrainState
+from impl_jax.weights import canonical
+from spec import data_parallel, shapes, validate
+from spec.config import Config
+from spec.data_parallel import Batch, Options
+from spec.training import TrainConfig
+
+MODULE = "impl_jax.train_dp"
+
+
+class DataParallel:
+    """Data-parallel training over N devices of this process (``spec.data_parallel.Engine``) on ``jax.sharding``.
+
+    ``DataParallel(options)`` builds ``impl_jax.Transformer(config, seed=seed)`` (the weights of
+    ``spec.init_params``: the same in every backend) and ``init_train_state(model, train_config, seed=seed)``, both
+    replicated on a mesh of the first ``options.data_parallel`` of ``jax.devices()``. Attributes: ``world`` (N),
+    ``rank`` (this process's index, 0 with one process), ``chief`` (rank 0), ``model``, ``state`` (replicated
+    arrays; the state's ``rng`` is the one dropout key).
+
+    Raises:
+        ValueError: if JAX has fewer than ``options.data_parallel`` devices (``main`` gives a CPU enough; a library
+            caller sets ``jax_num_cpu_devices`` before JAX starts), or from ``init_train_state`` for a bad seed.
+    """
+
+    def __init__(self, o: Options):
+        devices = jax.devices()
+        if len(devices) < o.data_parallel:
+            raise ValueError(f"{MODULE}: --data-parallel {o.data_parallel} needs as many devices; JAX has "
+                             f"{len(devices)} ({devices[0].platform}). {MODULE}.main gives a CPU enough; elsewhere "
+                             f"set jax_num_cpu_devices before JAX starts")
+        self.options, self.world, self.rank = o, o.data_parallel, jax.process_index()
+        self.chief = self.rank == 0
+        mesh = Mesh(np.array(devices[:o.data_parallel]), ("data",))
+        self._rows, self._replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+        model = impl_jax.Transformer(o.config, seed=o.seed)
+        state = impl_jax.init_train_state(model, o.train_config, seed=o.seed)
+        self.model, self.state = jax.device_put((model, state), self._replicated)
+
+    def step(self, batch: Batch, keep_gradient: bool) -> tuple[float, dict[str, np.ndarray] | None]:
+        """One Adam step on the global batch src (B, S), tgt_in (B, T), tgt_out (B, T) int64, device r computing on
+        worker r's ``shard`` (B/N rows) in training mode: -> (the global batch's loss before the update, {canonical
+        name: float32 global gradient, the parameter's shape} if ``keep_gradient`` else None).
+
+        Raises:
+            ValueError: from ``spec.validate.check_train_batch`` on the global batch, or if N does not divide B;
+                before anything is computed.
+        """
+        config, s = self.model.config, self.state
+        src, tgt_in, tgt_out = self._batch(batch)  # (N Bs, Sb), (N Bs, Tb), (N Bs, Tb) int32, sharded by rows
+        args = (self.model.params, s.m, s.v, s.step, s.rng, src, tgt_in, tgt_out, config, s.train_config)
+        if keep_gradient:  # a second program: the normal step's drops the gradient (XLA then keeps it nowhere)
+            loss, grads, params, m, v, step, rng = _train_step_with_gradient_jit(*args)
+        else:
+            (loss, params, m, v, step, rng), grads = train._train_step_jit(*args), None
+        # All replicated: loss () float32, params and m, v of the parameters' shapes, step () int32, the key.
+        order = list(s.m)  # the jitted function's dicts come back in sorted key order
+        self.state = TrainState(m={n: m[n] for n in order}, v={n: v[n] for n in order}, step=step, rng=rng,
+                                train_config=s.train_config)
+        self.model = Transformer._of(config, params)
+        kept = None if grads is None else {name: _host(g) for name, g in canonical(grads, config).items()}
+        return float(_host(loss)), kept
+
+    def params(self) -> dict[str, np.ndarray]:
+        """{canonical name: float32 array}, the master weights on the host (this process's replica)."""
+        return impl_jax.params_of(_local(self.model))
+
+    def save(self, directory: Path) -> None:
+        """The chief writes ``model.safetensors`` and ``train_state.safetensors`` (the dropout key in it; module
+        docstring); returns once every process has reached this point."""
+        if self.chief:
+            model, state = _local((self.model, self.state))
+            impl_jax.save_weights(model, directory / "model.safetensors")
+            impl_jax.save_train_state(state, directory / "train_state.safetensors")
+        self.barrier()
+
+    def load(self, directory: Path) -> None:
+        """Restore weights, Adam's moments and step, and the dropout key from a folder ``save`` wrote, bit for bit,
+        replicated on the mesh.
+
+        Raises:
+            ValueError: from ``impl_jax.load_weights`` / ``load_train_state`` for a bad or foreign file.
+        """
+        model = impl_jax.load_weights(directory / "model.safetensors", self.model.config)
+        state = impl_jax.load_train_state(directory / "train_state.safetensors", model)
+        self.model, self.state = jax.device_put((model, state), self._replicated)
+
+    def barrier(self) -> None:
+        """Returns once every process has reached it: at once with one process (its devices run one program)."""
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(MODULE)
+
+    def hlo(self, batch: Batch) -> str:
+        """The program ``step`` runs on ``batch`` (without keeping the gradient) as XLA compiles it for the mesh:
+        HLO text after SPMD partitioning, in which the gradients' "all-reduce" shows (the tests look for it).
+
+        Raises:
+            ValueError: as ``step``.
+        """
+        s, config = self.state, self.model.config
+        # The jit that layers.jit wraps (its wrapper has no ``lower``): the same function, arguments and options,
+        # so the same program (a persistent compilation cache holds it once).
+        program = jax.jit(train._train_step_jit.__wrapped__, static_argnames=("config", "train_config"),
+                          compiler_options=impl_jax.XLA_OPTIONS)
+        args = (self.model.params, s.m, s.v, s.step, s.rng, *self._batch(batch), config, s.train_config)
+        return program.lower(*args).compile().as_text()
+
+    def _batch(self, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The global batch checked, each worker's ``shard`` padded to the batch bucket of B/N rows and the
+        global batch's length buckets, laid out by rows on the mesh: int32 (N Bs, Sb), (N Bs, Tb), (N Bs, Tb),
+        device r holding shard r and its padding rows (Bs = ``batch_bucket(B / N)``; N Bs always divides by N).
+
+        Raises:
+            ValueError: from ``spec.validate.check_train_batch``, or ``spec.data_parallel.shard`` if N does not
+                divide B.
+        """
+        config = self.model.config
+        src, tgt_in, tgt_out = (np.asarray(x) for x in batch)                    # (B, S), (B, T), (B, T)
+        validate.check_train_batch(src, tgt_in, tgt_out, config)
+        shards = [data_parallel.shard((src, tgt_in, tgt_out), r, self.world) for r in range(self.world)]
+        rows = shapes.batch_bucket(src.shape[0] // self.world)                   # Bs
+        S, T = (shapes.length_bucket(n, config.max_len) for n in (src.shape[1], tgt_in.shape[1]))  # Sb, Tb
+        host = [np.concatenate([shapes.pad_ids(part[i], rows, length, config.pad_id) for part in shards])
+                for i, length in enumerate((S, T, T))]                           # (N Bs, Sb), (N Bs, Tb) x2 int32
+        return tuple(jax.make_array_from_callback(x.shape, self._rows, functools.partial(_index, x))
+                     for x in host)  # type: ignore[return-value]
+
+
+@functools.partial(layers.jit, static_argnames=("config", "train_config"))
+def _train_step_with_gradient_jit(params: Params, m: dict[str, jax.Array], v: dict[str, jax.Array], step: jax.Array,
+                                  rng: jax.Array, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
+                                  config: Config, train_config: TrainConfig):
+    """-> (loss, {canonical name: fp32 global gradient}, new params tree, m, v, step, rng): the step of
+    ``impl_jax.train._train_step_jit``, also returning the gradient its update applied."""
+    log.info("impl_jax: compiling train_step keeping the gradient for batch %d, source length %d, target length %d "
+             "(buckets)", *src.shape, tgt_in.shape[1])
+    return train._adam_step(params, m, v, step, rng, src, tgt_in, tgt_out, config, train_config)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m impl_jax.train_dp``: ``spec.data_parallel.main`` on ``DataParallel`` (its result).
+
+    Process-wide state, as a command line may, before JAX's backend starts: with ``JAX_COORDINATOR_ADDRESS`` set,
+    ``jax.distributed.initialize`` (several processes; module docstring); otherwise, where the platform is the CPU
+    (or not chosen: JAX then prefers an accelerator, and the setting only sizes the unused CPU backend) and its
+    backend would have fewer devices than ``--data-parallel``, ``jax_num_cpu_devices``.
+
+    Raises:
+        SystemExit: on a bad command line (status 2); if JAX's backend already started with fewer devices than
+            ``--data-parallel`` (a caller ran JAX in this process first), or ``--kill-at`` names a rank that is not
+            a process of this run.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    o = data_parallel.options(argv, f"python -m {MODULE}")
+    if "JAX_COORDINATOR_ADDRESS" in os.environ:
+        jax.distributed.initialize(num_processes=_env_int("JAX_NUM_PROCESSES"),
+                                   process_id=_env_int("JAX_PROCESS_ID"))
+    else:
+        _cpu_devices(o.data_parallel)
+    if o.kill_at and not 0 <= o.kill_at[1] < jax.process_count():
+        raise SystemExit(f"{MODULE}: --kill-at {o.kill_at[0]}:{o.kill_at[1]}: the rank is a process, and this run "
+                         f"has {jax.process_count()} (one process drives the devices of its host)")
+    return data_parallel.main(impl_jax, DataParallel, argv)
+
+
+# ----------------------------------------------------------------- internals
+
+def _cpu_devices(n: int) -> None:
+    """Give JAX's CPU backend ``n`` devices before it starts, where the platform is the CPU (or not chosen) and it
+    would have fewer.
+
+    Raises:
+        SystemExit: if the backend already started with fewer than ``n`` devices.
+    """
+    platform = (jax.config.jax_platforms or "").split(",")[0]
+    if platform not in ("", "cpu") or _cpu_device_count() >= n:
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # JAX's validator: the backend has started, and its devices are fixed
+        if jax.device_count() < n:
+            raise SystemExit(f"{MODULE}: --data-parallel {n}, but JAX's backend already started in this process "
+                             f"with {jax.device_count()} device(s); run the command in a process of its own, or "
+                             f"set jax_num_cpu_devices to {n} before JAX starts") from None
+
+
+def _cpu_device_count() -> int:
+    """The devices JAX's CPU backend will have: ``jax_num_cpu_devices`` if set, else XLA_FLAGS'
+    ``--xla_force_host_platform_device_count``, else 1."""
+    if jax.config.jax_num_cpu_devices >= 0:
+        return jax.config.jax_num_cpu_devices
+    flag = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(flag.group(1)) if flag else 1
+
+
+def _env_int(name: str) -> int | None:
+    return int(os.environ[name]) if name in os.environ else None
+
+
+def _index(host: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+    """``make_array_from_callback``'s callback: a device's block of a host array."""
+    return host[index]
+
+
+def _local(tree: Any) -> Any:
+    """A pytree of replicated arrays as this process's copy (single-device arrays), whatever the process count."""
+    return jax.tree.map(lambda x: x.addressable_data(0), tree)
+
+
+def _host(x: jax.Array) -> np.ndarray:
+    """A replicated array on the host (this process's copy)."""
+    return np.asarray(x.addressable_data(0))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

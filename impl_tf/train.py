@@ -114,17 +114,12 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
     """
     _check_state(model, state)
     batch = _batch(model, "train_step", src, tgt_in, tgt_out)
-    tc, t = state.train_config, int(state.step) + 1
-    hyper = {"lr": training.learning_rate(t, model.config.d_model, tc.warmup_steps), "correction1": 1 - tc.beta1 ** t,
-             "correction2": 1 - tc.beta2 ** t, "beta1": tc.beta1, "beta2": tc.beta2, "eps": tc.adam_eps,
-             "label_smoothing": tc.label_smoothing}  # float64 on the host, each rounded once to fp32
     if "train_step" not in model._loops:
         # No input_signature can name the moment variables; reduce_retracing makes the second shape's trace
         # shape-polymorphic, so the buckets share it.
         model._loops["train_step"] = tf.function(functools.partial(_train_step, model), jit_compile=True,
                                                  reduce_retracing=True)
-    loss = model._loops["train_step"](*batch, state.rng.make_seeds(1)[:, 0],
-                                      {k: tf.constant(x, tf.float32) for k, x in hyper.items()},
+    loss = model._loops["train_step"](*batch, state.rng.make_seeds(1)[:, 0], _hyper(model, state),
                                       list(state.m.values()), list(state.v.values()))
     state.step.assign_add(1)
     return loss, model, state
@@ -133,9 +128,9 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
 def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
     """Write ``state`` in the canonical format of ``spec.train_state_io``: the moments as "m.<name>", "v.<name>"
     float32 in schema order, step and config as metadata, and the generator's Philox state as "rng" (int64 (3,),
-    framework "tf")."""
+    framework "tf"). The variables may be mirrored (``impl_tf.train_dp``): the first device's copy is written."""
     spec_io.save(path, spec_io.StoredState({k: x.numpy() for k, x in state.m.items()},
-                                           {k: x.numpy() for k, x in state.v.items()}, int(state.step),
+                                           {k: x.numpy() for k, x in state.v.items()}, int(state.step.numpy()),
                                            state.train_config, state.rng.state.numpy(), "tf"))
 
 
@@ -187,25 +182,39 @@ def _check_state(model: Transformer, state: TrainState) -> None:
                                  f"{tuple(params[want].shape)}")
 
 
-def _smoothed_loss(logits: tf.Tensor, tgt_out: tf.Tensor, pad_id: int, label_smoothing: tf.Tensor) -> tf.Tensor:
-    """``spec.training``'s loss in fp32: logits (B, T, V) float32, tgt_out (B, T) -> () the mean over non-pad
-    targets of the cross-entropy with (1 - eps) one-hot + eps / V."""
+def _hyper(model: Transformer, state: TrainState) -> dict[str, tf.Tensor]:
+    """The fp32 scalars of the Adam step ``state.step + 1`` (equation 3's learning rate, the bias corrections, the
+    betas, epsilon, label smoothing): float64 on the host, each rounded once to fp32."""
+    tc, t = state.train_config, int(state.step.numpy()) + 1  # .numpy(): a mirrored variable too (train_dp)
+    hyper = {"lr": training.learning_rate(t, model.config.d_model, tc.warmup_steps), "correction1": 1 - tc.beta1 ** t,
+             "correction2": 1 - tc.beta2 ** t, "beta1": tc.beta1, "beta2": tc.beta2, "eps": tc.adam_eps,
+             "label_smoothing": tc.label_smoothing}
+    return {k: tf.constant(x, tf.float32) for k, x in hyper.items()}
+
+
+def _smoothed_loss(logits: tf.Tensor, tgt_out: tf.Tensor, pad_id: int, label_smoothing: tf.Tensor,
+                   count: tf.Tensor | None = None) -> tf.Tensor:
+    """``spec.training``'s loss in fp32: logits (B, T, V) float32, tgt_out (B, T) -> () the sum over non-pad
+    targets of the cross-entropy with (1 - eps) one-hot + eps / V, divided by ``count`` (() float32: the global
+    batch's non-pad targets when this batch is one worker's share of it, ``impl_tf.train_dp``) or, if None, by
+    this batch's own: their mean."""
     V = logits.shape[-1]
     q = tf.one_hot(tgt_out, V, on_value=1.0 - label_smoothing + label_smoothing / V,
                    off_value=label_smoothing / V)                                        # (B, T, V) fp32
     per_token = tf.nn.softmax_cross_entropy_with_logits(q, logits)                       # (B, T) fp32
     weight = tf.cast(tgt_out != pad_id, tf.float32)                                      # (B, T): padding counts not
-    return tf.reduce_sum(per_token * weight) / tf.reduce_sum(weight)                     # () mean over non-pad
+    return tf.reduce_sum(per_token * weight) / (tf.reduce_sum(weight) if count is None else count)  # () fp32
 
 
 def _value_and_gradients(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor,
-                         label_smoothing: tf.Tensor, dropout: Dropout | None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+                         label_smoothing: tf.Tensor, dropout: Dropout | None, count: tf.Tensor | None = None
+                         ) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """(loss () float32, fp32 gradients in schema order) of the model's forward, traced inside a tf.function; its
-    records go to a dict of this trace's own."""
+    records go to a dict of this trace's own. ``count``: the loss's denominator (``_smoothed_loss``)."""
     params = list(model.parameters().values())
     with tf.GradientTape() as tape, recording():
         logits = model._teacher_forced(src, tgt_in, dropout)                             # (B, T, V) float32
-        loss = _smoothed_loss(logits, tgt_out, model.config.pad_id, label_smoothing)     # () float32
+        loss = _smoothed_loss(logits, tgt_out, model.config.pad_id, label_smoothing, count)  # () float32
     # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
     return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, params)]
 
@@ -221,12 +230,18 @@ def _train_step(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: 
     fp32 scalars ``hyper``, the moments ``m``, ``v`` and the parameters assigned in place; -> the loss."""
     dropout = Dropout(model.config.dropout, seed)
     loss, grads = _value_and_gradients(model, src, tgt_in, tgt_out, hyper["label_smoothing"], dropout)
-    b1, b2 = hyper["beta1"], hyper["beta2"]
     for p, g, m_var, v_var in zip(model.parameters().values(), grads, m, v, strict=True):
-        m_new = b1 * m_var + (1.0 - b1) * g                                              # fp32, p's shape
-        v_new = b2 * v_var + (1.0 - b2) * tf.square(g)
-        step = (m_new / hyper["correction1"]) / (tf.sqrt(v_new / hyper["correction2"]) + hyper["eps"])
-        m_var.assign(m_new)
-        v_var.assign(v_new)
-        p.assign(tf.cast(tf.cast(p, tf.float32) - hyper["lr"] * step, p.dtype))        # rounded once
+        _adam_update(p, g, m_var, v_var, hyper)
     return loss
+
+
+def _adam_update(p: tf.Variable, g: tf.Tensor, m: tf.Variable, v: tf.Variable, hyper: dict[str, tf.Tensor]) -> None:
+    """``spec.training.adam_update`` of one parameter ``p`` with its fp32 gradient ``g`` and moments ``m``, ``v``
+    (p's shape), the fp32 scalars ``hyper`` (``_hyper``): moments and parameter assigned in place."""
+    b1, b2 = hyper["beta1"], hyper["beta2"]
+    m_new = b1 * m + (1.0 - b1) * g                                                      # fp32, p's shape
+    v_new = b2 * v + (1.0 - b2) * tf.square(g)
+    step = (m_new / hyper["correction1"]) / (tf.sqrt(v_new / hyper["correction2"]) + hyper["eps"])
+    m.assign(m_new)
+    v.assign(v_new)
+    p.assign(tf.cast(tf.cast(p, tf.float32) - hyper["lr"] * step, p.dtype))            # rounded once

@@ -1,0 +1,281 @@
+"""Data-parallel training on ``tf.distribute`` (issue 13): the command line of ``spec.data_parallel``.
+
+    python -m impl_tf.train_dp --data-parallel 2 [--steps N] [--checkpoint-dir D [--resume]] [--record R]
+
+Engine. ``tf.distribute.MirroredStrategy`` over N devices of this process: the first N GPUs where TensorFlow sees
+GPUs, else N logical CPU devices, which ``main`` makes of the CPU before TensorFlow's runtime starts. The model and
+the train state are created in ``strategy.scope()``, so every variable (weights, Adam's moments, the step, the
+dropout generator's state) is a ``MirroredVariable``, one copy per device. A step is one ``tf.function``: the global
+batch's ``spec.data_parallel.shard`` of each replica (``experimental_distribute_values_from_function``, by
+``replica_id_in_sync_group``, padded to the batch bucket of B/N rows and the global batch's length buckets) goes to
+``strategy.run`` of a per-replica XLA program (``jit_compile=True``: the forward and ``tf.GradientTape``'s
+gradients of ``impl_tf.train``); the strategy's cross-device ops all-reduce the gradients
+(``strategy.extended.batch_reduce_to``, SUM, onto the variables' devices: TensorFlow's collective all-reduce) and
+``strategy.extended.update`` applies ``impl_tf.train``'s Adam to each device's copy, the same arithmetic on the same
+values in every replica. One process, so ``world`` is N, ``rank`` 0, ``chief`` True and ``barrier`` a no-op;
+``--data-parallel 1`` is the same program on a strategy of one device. Several hosts (untested here): one process
+per host, each with ``TF_CONFIG`` naming the cluster's "worker" tasks and its own index (worker 0 is the chief), and
+``--data-parallel`` the total replica count; ``DataParallel`` then uses ``MultiWorkerMirroredStrategy``, whose
+collectives span the hosts.
+
+Loss. Replica r computes the label-smoothed loss of its shard summed over its non-pad targets and divided by the
+*global* batch's ``token_count`` N (``impl_tf.train._smoothed_loss`` with ``count``), so the replicas' shares, and
+their gradients, add up to the global batch's loss and gradient (not a mean of per-worker means); the reduction is a
+SUM (no engine averages here, so nothing is rescaled). Padding rows and positions are ``pad_id`` targets and count
+in neither.
+
+Dropout. Masks as ``impl_tf.train_step`` draws them (``layers.Dropout``, stateless ops from a seed drawn from the
+train state's ``tf.random.Generator``, never TensorFlow's global RNG), each replica from its own stream: the
+generator, seeded with ``--seed`` as ``init_train_state`` seeds it and created in the strategy's scope, hashes the
+replica's id into its key when it is drawn from in replica context (``tf.random.Generator``'s documented behaviour
+under a strategy), while every replica advances its copy of the state by the same amount.
+
+Checkpoints. Nothing beyond ``spec.data_parallel``'s common files: every replica's stream is a function of the one
+generator state (identical in all copies, checked when saving) and the replica's id, and ``train_state.safetensors``
+holds that state (its "rng"), so a resumed run draws the masks the uninterrupted run draws.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+import impl_tf
+from impl_tf import train
+from impl_tf.layers import Dropout
+from impl_tf.model import pad_ids
+from spec import data_parallel, shapes, validate, weights_io
+from spec.data_parallel import Batch, Options
+
+MODULE = "impl_tf.train_dp"
+SUM = tf.distribute.ReduceOp.SUM
+
+
+class DataParallel:
+    """Data-parallel training over N devices (``spec.data_parallel.Engine``) on ``tf.distribute``.
+
+    ``DataParallel(options)`` makes the strategy (module docstring: ``MirroredStrategy`` over the first
+    ``options.data_parallel`` GPUs, else logical CPU devices; ``MultiWorkerMirroredStrategy`` with ``TF_CONFIG``)
+    and, in its scope, ``impl_tf.Transformer(config, seed=seed)`` (the weights of ``spec.init_params``: the same in
+    every backend) and ``init_train_state(model, train_config, seed=seed)``, all mirrored. Attributes: ``world``
+    (N), ``rank`` (this process's index, 0 with one process), ``chief`` (rank 0), ``strategy``, ``model``,
+    ``state`` (its ``rng`` is the one dropout generator, per-replica streams).
+
+    Raises:
+        ValueError: if there are fewer than ``options.data_parallel`` devices (``main`` makes enough CPU devices;
+            a library caller calls ``tf.config.set_logical_device_configuration`` before TensorFlow starts), or
+            ``TF_CONFIG``'s cluster has another replica count; from ``init_train_state`` for a bad seed.
+    """
+
+    def __init__(self, o: Options):
+        self.strategy = _strategy(o.data_parallel)
+        self.options, self.world, self.rank = o, self.strategy.num_replicas_in_sync, _task(self.strategy)
+        if self.world != o.data_parallel:
+            raise ValueError(f"{MODULE}: --data-parallel {o.data_parallel}, but TF_CONFIG's cluster has "
+                             f"{self.world} replicas")
+        self.chief = self.rank == 0
+        with self.strategy.scope():  # variables made here are mirrored, one copy per device
+            self.model = impl_tf.Transformer(o.config, seed=o.seed)
+            self.state = impl_tf.init_train_state(self.model, o.train_config, seed=o.seed)
+        # Traced once per bucket and shape-polymorphic from the second (as impl_tf.train_step); the per-replica
+        # program is traced once per device with it (a MirroredStrategy retraces a function for each device it
+        # runs on), and XLA compiles each concrete shape of it. XLA because the layers' bf16 products are written
+        # for it (impl_tf.layers), and it is faster: tiny, fp32, two CPU devices, 12 ms a step against 22 ms.
+        self._step = tf.function(self._step_graph, reduce_retracing=True)
+        self._gradient = tf.function(self._replica_gradient, jit_compile=True, reduce_retracing=True)
+
+    def step(self, batch: Batch, keep_gradient: bool) -> tuple[float, dict[str, np.ndarray] | None]:
+        """One Adam step on the global batch src (B, S), tgt_in (B, T), tgt_out (B, T) int64, replica r computing on
+        worker r's ``shard`` (B/N rows) in training mode: -> (the global batch's loss before the update, {canonical
+        name: float32 global gradient, the parameter's shape} if ``keep_gradient`` else None).
+
+        Raises:
+            ValueError: from ``spec.validate.check_train_batch`` on the global batch, or ``spec.data_parallel.shard``
+                if N does not divide B; before anything is computed.
+        """
+        config = self.model.config
+        shards = self._shards(batch)                                   # PerReplica (Bs, Sb), (Bs, Tb), (Bs, Tb)
+        count = tf.constant(data_parallel.token_count(batch[2], config.pad_id), tf.float32)  # () N, exact in fp32
+        loss, grads = self._step(*shards, count, train._hyper(self.model, self.state))
+        self.state.step.assign_add(1)
+        kept = None
+        if keep_gradient:
+            kept = {name: g.numpy() for name, g in zip(self.model.parameters(), grads, strict=True)}  # fp32
+        return float(loss), kept
+
+    def params(self) -> dict[str, np.ndarray]:
+        """{canonical name: float32 array}, the master weights on the host (the first device's copy; every copy
+        is the same)."""
+        return impl_tf.params_of(self.model)
+
+    def save(self, directory: Path) -> None:
+        """The chief writes ``model.safetensors`` and ``train_state.safetensors`` (the dropout generator's state in
+        it; module docstring); returns once every process has reached this point.
+
+        Raises:
+            RuntimeError: if the devices' copies of the generator state differ (a replica drew other seeds).
+        """
+        if self.chief:
+            states = {tuple(x.numpy()) for x in self.strategy.experimental_local_results(self.state.rng.state)}
+            if len(states) != 1:
+                raise RuntimeError(f"{MODULE}: the replicas' dropout generator states differ: {sorted(states)}")
+            impl_tf.save_weights(self.model, directory / "model.safetensors")
+            impl_tf.save_train_state(self.state, directory / "train_state.safetensors")
+        self.barrier()
+
+    def load(self, directory: Path) -> None:
+        """Restore weights, Adam's moments and step, and the dropout generator from a folder ``save`` wrote, bit
+        for bit, into every device's copy (assigned in place: the traced step keeps its variables).
+
+        Raises:
+            ValueError: from ``spec.weights_io.load_weights`` / ``impl_tf.load_train_state`` for a bad or foreign
+                file.
+        """
+        _, params = weights_io.load_weights(directory / "model.safetensors", self.model.config)
+        stored = impl_tf.load_train_state(directory / "train_state.safetensors", self.model)  # not mirrored
+        for name, p in self.model.parameters().items():
+            p.assign(params[name])  # in cross-replica context: every copy
+            self.state.m[name].assign(stored.m[name])
+            self.state.v[name].assign(stored.v[name])
+        self.state.step.assign(stored.step)
+        self.state.rng.reset(stored.rng.state)
+        self.state.train_config = stored.train_config
+
+    def barrier(self) -> None:
+        """Returns once every process has reached it: at once with one process (its devices run one program),
+        else after an all-reduce that every worker joins."""
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            self.strategy.reduce(SUM, self.strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    def _shards(self, batch: Batch) -> tuple[Any, Any, Any]:
+        """The global batch checked, each replica's ``shard`` padded with ``pad_id`` to the batch bucket of B/N rows
+        and the global batch's length buckets: per-replica int32 (Bs, Sb), (Bs, Tb), (Bs, Tb). Logs a new bucket.
+
+        Raises:
+            ValueError: from ``spec.validate.check_train_batch``, or ``spec.data_parallel.shard`` if N does not
+                divide B.
+        """
+        config = self.model.config
+        src, tgt_in, tgt_out = (np.asarray(x) for x in batch)                    # (B, S), (B, T), (B, T)
+        validate.check_train_batch(src, tgt_in, tgt_out, config)
+        data_parallel.shard((src, tgt_in, tgt_out), 0, self.world)              # N must divide B: checked here
+        Bs = shapes.batch_bucket(src.shape[0] // self.world)
+        Sb, Tb = (shapes.length_bucket(n, config.max_len) for n in (src.shape[1], tgt_in.shape[1]))
+        self.model._compiling("train_dp step", (Bs, Sb, Tb),
+                              f"{self.world} replica(s) of batch {Bs}, source length {Sb}, target length {Tb} "
+                              f"(buckets)")
+
+        def replica_rows(ctx: tf.distribute.ValueContext) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            part = data_parallel.shard((src, tgt_in, tgt_out), ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync)
+            return tuple(pad_ids(x, Bs, L, config.pad_id) for x, L in zip(part, (Sb, Tb, Tb), strict=True))
+
+        return self.strategy.experimental_distribute_values_from_function(replica_rows)
+
+    def _step_graph(self, src: Any, tgt_in: Any, tgt_out: Any, count: tf.Tensor, hyper: dict[str, tf.Tensor]
+                    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """The step in cross-replica context on per-replica ids (``_shards``), ``count`` () float32 the global
+        batch's non-pad targets and the fp32 scalars ``hyper`` (``impl_tf.train._hyper``): per-replica shares and
+        gradients (``_replica``), their all-reduce, Adam on every copy; -> (the global loss () float32, the global
+        gradients in schema order, fp32, each its parameter's shape)."""
+        shares, grads = self.strategy.run(self._replica, args=(src, tgt_in, tgt_out, count, hyper["label_smoothing"]))
+        params = list(self.model.parameters().values())
+        # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
+        grads = self.strategy.extended.batch_reduce_to(SUM, list(zip(grads, params, strict=True)))  # p's shapes
+        for p, g, m, v in zip(params, grads, self.state.m.values(), self.state.v.values(), strict=True):
+            # fn(p's copy on a device, that device's g, m, v): the same update on the same values in every replica
+            self.strategy.extended.update(p, train._adam_update, args=(g, m, v, hyper), group=False)
+        loss = self.strategy.reduce(SUM, shares, axis=None)                      # () the sum of the shares
+        return loss, [self.strategy.experimental_local_results(g)[0] for g in grads]
+
+    def _replica(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, count: tf.Tensor,
+                 label_smoothing: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """One replica's part, in replica context: its dropout seed (2,) int64 from its own stream of the
+        generator (module docstring), then its XLA program."""
+        seed = self.state.rng.make_seeds(1)[:, 0]                                # (2,) this replica's
+        return self._gradient(src, tgt_in, tgt_out, seed, count, label_smoothing)
+
+    def _replica_gradient(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
+                          count: tf.Tensor, label_smoothing: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """src (Bs, Sb), tgt_in (Bs, Tb), tgt_out (Bs, Tb) int32 -> (this replica's share ``sum_local / count``,
+        () float32; its fp32 gradient of each parameter in schema order), dropout from ``seed``."""
+        dropout = Dropout(self.model.config.dropout, seed)
+        return train._value_and_gradients(self.model, src, tgt_in, tgt_out, label_smoothing, dropout, count)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m impl_tf.train_dp``: ``spec.data_parallel.main`` on ``DataParallel`` (its result).
+
+    Process-wide state, as a command line may: without ``TF_CONFIG`` and without GPUs, the CPU is split into
+    ``--data-parallel`` logical devices (``tf.config.set_logical_device_configuration``) before TensorFlow's
+    runtime starts; TF32 is turned off (fp32 products stay fp32 on GPUs, ``spec.numerics`` rule 8).
+
+    Raises:
+        SystemExit: on a bad command line (status 2); if TensorFlow's runtime already started in this process
+            with fewer CPU devices than ``--data-parallel``, or ``--kill-at`` names a rank that is not a process of
+            this run.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    o = data_parallel.options(argv, f"python -m {MODULE}")
+    if "TF_CONFIG" not in os.environ:
+        _cpu_devices(o.data_parallel)
+        if o.kill_at and o.kill_at[1] != 0:
+            raise SystemExit(f"{MODULE}: --kill-at {o.kill_at[0]}:{o.kill_at[1]}: the rank is a process, and this "
+                             f"run has one (its {o.data_parallel} devices are driven by one process); use rank 0")
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    return data_parallel.main(impl_tf, DataParallel, argv)
+
+
+# ----------------------------------------------------------------- internals
+
+def _strategy(n: int) -> tf.distribute.Strategy:
+    """``MultiWorkerMirroredStrategy`` if ``TF_CONFIG`` is set, else ``MirroredStrategy`` over the first ``n``
+    GPUs, or the first ``n`` logical CPU devices where TensorFlow sees no GPU.
+
+    Raises:
+        ValueError: if there are fewer than ``n`` such devices.
+    """
+    if "TF_CONFIG" in os.environ:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    if len(devices) < n:
+        raise ValueError(f"{MODULE}: --data-parallel {n} needs as many devices; TensorFlow has {len(devices)} "
+                         f"({devices[0].device_type}). {MODULE}.main splits a CPU into enough; elsewhere call "
+                         f"tf.config.set_logical_device_configuration before TensorFlow starts")
+    return tf.distribute.MirroredStrategy([d.name for d in devices[:n]])
+
+
+def _task(strategy: tf.distribute.Strategy) -> int:
+    """This process's index among the workers: its ``TF_CONFIG`` task index, 0 with one process."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
+
+
+def _cpu_devices(n: int) -> None:
+    """Split the CPU into ``n`` logical devices before TensorFlow's runtime starts, where it sees no GPU and would
+    have fewer.
+
+    Raises:
+        SystemExit: if the runtime already started with fewer than ``n`` CPU devices.
+    """
+    if tf.config.list_physical_devices("GPU"):
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or [None]) >= n:
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    except RuntimeError:  # "Virtual devices cannot be modified after being initialized"
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < n:
+            raise SystemExit(f"{MODULE}: --data-parallel {n}, but TensorFlow's runtime already started in this "
+                             f"process with {have} CPU device(s); run the command in a process of its own, or call "
+                             f"tf.config.set_logical_device_configuration before TensorFlow starts") from None
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

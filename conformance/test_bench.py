@@ -7,6 +7,7 @@ searches run their full length), not how fast: timings belong to ``nox -s bench`
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -36,8 +37,12 @@ def test_every_workload_is_recorded(bench_run):
         if "timing" in r:
             assert 0 < r["timing"]["median_s"] and r["timing"]["repeats"] >= 1, r
     assert data["environment"]["framework"] == fw
+    # The training step: ours and the stock peer's own, each in mixed precision and fp32, fp32 master weights.
     trains = [r for r in data["records"] if r["workload"] == "train"]
-    assert sorted(r["dtype"] for r in trains) == ["bfloat16", "float32"] and all("timing" in r for r in trains)
+    assert sorted((r["subject"], r["dtype"]) for r in trains) == sorted(
+        (s, d) for s in subjects for d in ("bfloat16", "float32")), trains
+    assert all("timing" in r and r["param_dtype"] == "float32" for r in trains)
+    assert len({r["flops"] for r in trains}) == 1  # the same count for every subject: rates compare
     # The product rate at the start and again at the end; utilisation divides by the faster of the two.
     rates = [r for r in data["records"] if r["workload"] == "matmul"]
     assert sorted(r["dtype"] for r in rates) == ["bfloat16", "bfloat16", "float32", "float32"]
@@ -53,10 +58,13 @@ def test_generation_runs_the_steps_asked_for(bench_run):
 
 
 def test_report_writes_tables_and_charts(bench_run):
-    fw, out, _ = bench_run
+    fw, out, data = bench_run
     md = (out / "bench.md").read_text()
     assert f"| impl_{fw} |" in md
-    for workload in ("forward", "greedy", "beam", "scaling"):
+    training = md.split("## Training step", 1)[1]
+    assert {r["subject"] for r in data["records"] if r["workload"] == "train"} == set(
+        re.findall(r"^\| ([^|]+?) \| (?:bfloat16|float32) \|", training, re.M)), training
+    for workload in ("forward", "greedy", "beam", "train", "scaling"):
         assert (out / f"bench-{workload}.png").stat().st_size > 0
 
 

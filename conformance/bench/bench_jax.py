@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import impl_jax
-from conformance.bench.common import clock
+from conformance.bench.common import TRAIN, clock, peer_learning_rate
 from spec.config import Config
 
 
@@ -86,67 +86,77 @@ def ours(config: Config, params: dict[str, np.ndarray], device: str) -> Ours:
     return Ours(config, params)
 
 
-class Peer:
+def _flax_transformer(config: Config, dropout: float = 0.0) -> Any:
     """Flax's stock parts as a Transformer (``flax.nnx``: the API Flax recommends for new code): an ``nnx.Embed``
     shared by source and target with the tied output ``attend``, sinusoidal PE, post-LN layers of
-    ``nnx.MultiHeadAttention``, ``nnx.Linear`` and ``nnx.LayerNorm``, no dropout; the forward ``jax.jit``-compiled
-    over the split state. bf16 is the Flax idiom ``dtype=jnp.bfloat16`` (fp32 params, bf16 computation)."""
+    ``nnx.MultiHeadAttention``, ``nnx.Linear`` and ``nnx.LayerNorm``, ``nnx.Dropout(dropout)`` on the embeddings
+    and each sublayer's output (the paper's places; a no-op at 0). bf16 is the Flax idiom ``dtype=jnp.bfloat16``
+    (fp32 params, bf16 computation); Flax's default init."""
+    from flax import nnx
+
+    c = config
+    dt, D, rngs = jnp.dtype(config.dtype), config.d_model, nnx.Rngs(0)
+
+    def attention():
+        return nnx.MultiHeadAttention(c.n_heads, D, qkv_features=c.n_heads * c.d_k, out_features=D,
+                                      dtype=dt, deterministic=True, decode=False, rngs=rngs)
+
+    def norm():
+        return nnx.LayerNorm(D, epsilon=c.layer_norm_eps, dtype=dt, rngs=rngs)
+
+    def ffn():
+        return nnx.Sequential(nnx.Linear(D, c.d_ff, dtype=dt, rngs=rngs), nnx.relu,
+                              nnx.Linear(c.d_ff, D, dtype=dt, rngs=rngs))
+
+    class Layer(nnx.Module):
+        def __init__(self, cross: bool):
+            self.self_attn, self.self_norm, self.ffn, self.ffn_norm = attention(), norm(), ffn(), norm()
+            self.cross_attn, self.cross_norm = (attention(), norm()) if cross else (None, None)
+            self.drop = nnx.Dropout(dropout, rngs=rngs)
+
+        def __call__(self, x, mask, memory=None, memory_mask=None):
+            x = self.self_norm(x + self.drop(self.self_attn(x, mask=mask)))
+            if self.cross_attn is not None:
+                x = self.cross_norm(x + self.drop(self.cross_attn(x, memory, mask=memory_mask)))
+            return self.ffn_norm(x + self.drop(self.ffn(x)))
+
+    class Transformer(nnx.Module):
+        def __init__(self):
+            self.embed = nnx.Embed(c.vocab_size, D, dtype=dt, rngs=rngs)
+            self.encoder = nnx.List([Layer(False) for _ in range(c.n_encoder_layers)])
+            self.decoder = nnx.List([Layer(True) for _ in range(c.n_decoder_layers)])
+            self.pe = nnx.Variable(impl_jax.layers.positional_encoding(c.max_len, D))  # (max_len, D) fp32
+            self.drop = nnx.Dropout(dropout, rngs=rngs)
+
+        def embed_tokens(self, ids):
+            x = self.embed(ids) * jnp.sqrt(jnp.asarray(D, dt))
+            return self.drop((x + self.pe[...][:ids.shape[1]]).astype(dt))  # (B, L, D)
+
+        def __call__(self, src, tgt):
+            src_keep = (src != c.pad_id)[:, None, None, :]                # (B, 1, 1, S)
+            T = tgt.shape[1]
+            causal = jnp.tril(jnp.ones((T, T), bool))[None, None] & (tgt != c.pad_id)[:, None, None, :]
+            x = self.embed_tokens(src)
+            for layer in self.encoder:
+                x = layer(x, src_keep)
+            y = self.embed_tokens(tgt)
+            for layer in self.decoder:
+                y = layer(y, causal, x, src_keep)
+            return self.embed.attend(y).astype(jnp.float32)               # (B, T, V)
+
+    return Transformer()
+
+
+class Peer:
+    """``_flax_transformer`` without dropout, the forward ``jax.jit``-compiled over the split state."""
 
     name = "flax.nnx.Transformer"
 
     def __init__(self, config: Config):
         from flax import nnx
 
-        c, self.dtype = config, config.dtype
-        dt, D, rngs = jnp.dtype(config.dtype), config.d_model, nnx.Rngs(0)
-        self.pad_id = c.pad_id
-
-        def attention():
-            return nnx.MultiHeadAttention(c.n_heads, D, qkv_features=c.n_heads * c.d_k, out_features=D,
-                                          dtype=dt, deterministic=True, decode=False, rngs=rngs)
-
-        def norm():
-            return nnx.LayerNorm(D, epsilon=c.layer_norm_eps, dtype=dt, rngs=rngs)
-
-        def ffn():
-            return nnx.Sequential(nnx.Linear(D, c.d_ff, dtype=dt, rngs=rngs), nnx.relu,
-                                  nnx.Linear(c.d_ff, D, dtype=dt, rngs=rngs))
-
-        class Layer(nnx.Module):
-            def __init__(self, cross: bool):
-                self.self_attn, self.self_norm, self.ffn, self.ffn_norm = attention(), norm(), ffn(), norm()
-                self.cross_attn, self.cross_norm = (attention(), norm()) if cross else (None, None)
-
-            def __call__(self, x, mask, memory=None, memory_mask=None):
-                x = self.self_norm(x + self.self_attn(x, mask=mask))
-                if self.cross_attn is not None:
-                    x = self.cross_norm(x + self.cross_attn(x, memory, mask=memory_mask))
-                return self.ffn_norm(x + self.ffn(x))
-
-        class Transformer(nnx.Module):
-            def __init__(self):
-                self.embed = nnx.Embed(c.vocab_size, D, dtype=dt, rngs=rngs)
-                self.encoder = nnx.List([Layer(False) for _ in range(c.n_encoder_layers)])
-                self.decoder = nnx.List([Layer(True) for _ in range(c.n_decoder_layers)])
-                self.pe = nnx.Variable(impl_jax.layers.positional_encoding(c.max_len, D))  # (max_len, D) fp32
-
-            def embed_tokens(self, ids):
-                x = self.embed(ids) * jnp.sqrt(jnp.asarray(D, dt))
-                return (x + self.pe[...][:ids.shape[1]]).astype(dt)           # (B, L, D)
-
-            def __call__(self, src, tgt):
-                src_keep = (src != c.pad_id)[:, None, None, :]                # (B, 1, 1, S)
-                T = tgt.shape[1]
-                causal = jnp.tril(jnp.ones((T, T), bool))[None, None] & (tgt != c.pad_id)[:, None, None, :]
-                x = self.embed_tokens(src)
-                for layer in self.encoder:
-                    x = layer(x, src_keep)
-                y = self.embed_tokens(tgt)
-                for layer in self.decoder:
-                    y = layer(y, causal, x, src_keep)
-                return self.embed.attend(y).astype(jnp.float32)               # (B, T, V)
-
-        graph, state = nnx.split(Transformer())
+        self.dtype = config.dtype
+        graph, state = nnx.split(_flax_transformer(config))
         self.state = state
         self._forward = jax.jit(lambda state, src, tgt: nnx.merge(graph, state)(src, tgt))
 
@@ -157,3 +167,46 @@ class Peer:
 def peer(config: Config, device: str) -> Peer:
     """Flax's stock Transformer parts at ``config``'s sizes, in ``config.dtype``, with Flax's default init."""
     return Peer(config)
+
+
+class PeerTrainer:
+    """The peer's training step in Flax's functional idiom: ``_flax_transformer`` with dropout ``config.dropout``
+    split into its ``nnx.Param``s and the rest (the dropout RNG), one ``jax.jit`` of merge, forward,
+    ``optax.softmax_cross_entropy`` on ``optax.smooth_labels`` targets averaged over the non-pad ones (fp32
+    logits), ``jax.value_and_grad`` and ``optax.adam`` at a constant learning rate (buffers donated); bf16 as
+    ``dtype=jnp.bfloat16`` modules over fp32 params. ``float(loss)`` synchronises."""
+
+    name = Peer.name
+
+    def __init__(self, config: Config):
+        import optax
+        from flax import nnx
+
+        self.dtype, pad, V = config.dtype, config.pad_id, config.vocab_size
+        graph, params, rest = nnx.split(_flax_transformer(config, config.dropout), nnx.Param, ...)
+        tx = optax.adam(peer_learning_rate(config), b1=TRAIN.beta1, b2=TRAIN.beta2, eps=TRAIN.adam_eps)
+
+        def step(params, rest, opt_state, src, tgt_in, tgt_out):
+            def loss_fn(params, rest):
+                model = nnx.merge(graph, params, rest, copy=True)
+                logits = model(src, tgt_in)                                          # (B, T, V) fp32
+                q = optax.smooth_labels(jax.nn.one_hot(tgt_out, V), TRAIN.label_smoothing)  # (B, T, V)
+                keep = tgt_out != pad                                                # (B, T)
+                loss = jnp.sum(optax.softmax_cross_entropy(logits, q) * keep) / jnp.sum(keep)
+                return loss, nnx.split(model, nnx.Param, ...)[2]                     # the advanced RNG
+            (loss, rest), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return loss, optax.apply_updates(params, updates), rest, opt_state
+
+        self.state = params, rest, tx.init(params)
+        self._step = jax.jit(step, donate_argnums=(0, 1, 2))
+
+    def step(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray) -> None:
+        """src (B, S), tgt_in (B, T), tgt_out (B, T): one Adam step."""
+        loss, *self.state = self._step(*self.state, *(jnp.asarray(a, jnp.int32) for a in (src, tgt_in, tgt_out)))
+        float(loss)
+
+
+def peer_trainer(config: Config, device: str) -> PeerTrainer:
+    """The stock peer's own training step in ``config.dtype`` (mixed precision for bf16), fp32 master weights."""
+    return PeerTrainer(config)

@@ -1,7 +1,7 @@
 """TensorFlow's subjects for ``conformance.bench.run``: ``impl_tf`` and a stock Keras 3 Transformer.
 
-Every subject synchronises before it returns: a result is brought to the host with ``.numpy()``
-(``tf.test.experimental.sync_devices()`` for the matmul, whose result stays on the device).
+Every subject synchronises before it returns: a result (the peer's training loss too) is brought to the host
+with ``.numpy()`` (``tf.test.experimental.sync_devices()`` for the matmul, whose result stays on the device).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import impl_tf  # noqa: E402
-from conformance.bench.common import clock  # noqa: E402
+from conformance.bench.common import TRAIN, clock, peer_learning_rate  # noqa: E402
 from spec.config import Config  # noqa: E402
 
 
@@ -101,13 +101,15 @@ def ours(config: Config, params: dict[str, np.ndarray], device: str) -> Ours:
 class _KerasTransformer(keras.Model):
     """The paper's post-LN encoder-decoder from stock Keras layers: a shared ``Embedding`` (times sqrt(D), plus
     the sinusoidal PE), ``MultiHeadAttention`` (no biases, as the paper), ``Dense`` FFN, ``LayerNormalization``,
-    dropout off, and the output projection tied to the embedding. ``policy`` is each layer's dtype policy."""
+    ``Dropout(dropout)`` on the embeddings and each sublayer's output (the paper's places; off by default), and
+    the output projection tied to the embedding. ``policy`` is each layer's dtype policy."""
 
-    def __init__(self, c: Config, policy: str):
+    def __init__(self, c: Config, policy: str, dropout: float = 0.0):
         super().__init__(dtype=policy, name="transformer")
         layer = dict(dtype=policy)
         D = c.d_model
         self.embedding = keras.layers.Embedding(c.vocab_size, D, **layer)
+        self.drop = keras.layers.Dropout(dropout, **layer)
         self.pe = impl_tf.positional_encoding(c.max_len, D)                              # (max_len, D) fp32
         self.scale = math.sqrt(D)
 
@@ -125,22 +127,25 @@ class _KerasTransformer(keras.Model):
         self.decoder = [dict(attn=attention(), attn_norm=norm(), cross=attention(), cross_norm=norm(), ffn=ffn(),
                              ffn_norm=norm()) for _ in range(c.n_decoder_layers)]
 
-    def embed(self, ids: tf.Tensor) -> tf.Tensor:
+    def embed(self, ids: tf.Tensor, training: bool) -> tf.Tensor:
         """ids (B, L) -> (B, L, D) in the compute dtype."""
         x = self.embedding(ids) * self.scale
-        return x + tf.cast(self.pe[:tf.shape(ids)[1]], x.dtype)
+        return self.drop(x + tf.cast(self.pe[:tf.shape(ids)[1]], x.dtype), training=training)
 
-    def call(self, src: tf.Tensor, tgt_in: tf.Tensor) -> tf.Tensor:
-        """src (B, S), tgt_in (B, T) int32 -> logits (B, T, V) float32."""
-        x = self.embed(src)                                                              # (B, S, D)
+    def call(self, src: tf.Tensor, tgt_in: tf.Tensor, training: bool = False) -> tf.Tensor:
+        """src (B, S), tgt_in (B, T) int32 -> logits (B, T, V) float32; dropout only when ``training``."""
+        def drop(x: tf.Tensor) -> tf.Tensor:
+            return self.drop(x, training=training)
+
+        x = self.embed(src, training)                                                    # (B, S, D)
         for lay in self.encoder:
-            x = lay["attn_norm"](x + lay["attn"](x, x))
-            x = lay["ffn_norm"](x + lay["ffn"][1](lay["ffn"][0](x)))
-        memory, y = x, self.embed(tgt_in)                                                # (B, S, D), (B, T, D)
+            x = lay["attn_norm"](x + drop(lay["attn"](x, x)))
+            x = lay["ffn_norm"](x + drop(lay["ffn"][1](lay["ffn"][0](x))))
+        memory, y = x, self.embed(tgt_in, training)                                      # (B, S, D), (B, T, D)
         for lay in self.decoder:
-            y = lay["attn_norm"](y + lay["attn"](y, y, use_causal_mask=True))
-            y = lay["cross_norm"](y + lay["cross"](y, memory))
-            y = lay["ffn_norm"](y + lay["ffn"][1](lay["ffn"][0](y)))
+            y = lay["attn_norm"](y + drop(lay["attn"](y, y, use_causal_mask=True)))
+            y = lay["cross_norm"](y + drop(lay["cross"](y, memory)))
+            y = lay["ffn_norm"](y + drop(lay["ffn"][1](lay["ffn"][0](y))))
         table = tf.cast(self.embedding.embeddings, y.dtype)                              # (V, D)
         return tf.cast(tf.matmul(y, table, transpose_b=True), tf.float32)                # (B, T, V)
 
@@ -164,3 +169,43 @@ def peer(config: Config, device: str) -> Peer:
     mixed precision per layer (``dtype="mixed_bfloat16"``, fp32 variables, bf16 compute; the global policy
     untouched), fp32 as fp32. Keras' own initialisation."""
     return Peer(config)
+
+
+class PeerTrainer:
+    """The peer's training step as the Keras guide to a custom ``train_step`` writes it: the model with dropout
+    ``config.dropout`` (bf16: the per-layer "mixed_bfloat16" policy, fp32 variables), under ``tf.GradientTape``
+    the forward with ``training=True`` and ``keras.losses.CategoricalCrossentropy(from_logits=True,
+    label_smoothing=0.1)`` on the fp32 logits averaged over the non-pad targets, ``keras.optimizers.Adam`` at a
+    constant learning rate applying the gradients; the step in ``tf.function(jit_compile=True)``. ``.numpy()`` of
+    the loss synchronises."""
+
+    def __init__(self, config: Config):
+        policy = "mixed_bfloat16" if config.dtype == "bfloat16" else "float32"
+        self.name, self.dtype, self.pad_id, self.V = "keras.layers", config.dtype, config.pad_id, config.vocab_size
+        self.model = _KerasTransformer(config, policy, config.dropout)
+        self.model(tf.ones([1, 1], tf.int32), tf.ones([1, 1], tf.int32))  # builds the layers' variables eagerly
+        self.optimizer = keras.optimizers.Adam(peer_learning_rate(config), beta_1=TRAIN.beta1, beta_2=TRAIN.beta2,
+                                               epsilon=TRAIN.adam_eps)
+        self.optimizer.build(self.model.trainable_variables)                  # Adam's slots, eagerly too
+        self.loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=TRAIN.label_smoothing,
+                                                         reduction=None)
+        self._step = tf.function(self._train_step, jit_compile=True)
+
+    def _train_step(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor) -> tf.Tensor:
+        weights = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            logits = self.model(src, tgt_in, training=True)                              # (B, T, V) float32
+            per_token = self.loss(tf.one_hot(tgt_out, self.V), logits)                   # (B, T)
+            keep = tf.cast(tgt_out != self.pad_id, tf.float32)                           # (B, T)
+            loss = tf.reduce_sum(per_token * keep) / tf.reduce_sum(keep)                 # () float32
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights, strict=True))
+        return loss
+
+    def step(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray) -> None:
+        """src (B, S), tgt_in (B, T), tgt_out (B, T): one Adam step."""
+        self._step(*(tf.constant(a, tf.int32) for a in (src, tgt_in, tgt_out))).numpy()
+
+
+def peer_trainer(config: Config, device: str) -> PeerTrainer:
+    """The stock peer's own training step in ``config.dtype`` (mixed precision for bf16), fp32 master weights."""
+    return PeerTrainer(config)

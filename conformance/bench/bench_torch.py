@@ -1,7 +1,8 @@
 """The torch bench: ``impl_torch`` and ``torch.nn.Transformer`` as ``conformance.bench.common`` subjects.
 
 Every subject computes under ``torch.inference_mode()`` in evaluation mode and returns only once the device has
-finished (``.cpu()`` of the result; ``torch.cuda.synchronize()`` on CUDA). Run by ``conformance.bench.run``.
+finished (``.cpu()`` of the result; ``torch.cuda.synchronize()`` on CUDA); the peer's training step (``PeerTrainer``)
+ends with ``loss.item()``. Run by ``conformance.bench.run``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import impl_torch
-from conformance.bench.common import clock
+from conformance.bench.common import TRAIN, clock, peer_learning_rate
 from spec.config import Config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -105,41 +106,80 @@ def ours(config: Config, params: dict[str, np.ndarray], device: str) -> Ours:
 
 
 class Peer(nn.Module):
-    """``torch.nn.Transformer`` at our hyperparameters (post-LN, dropout off), with one ``nn.Embedding`` shared by
-    source, target and the tied output projection, scaled by sqrt(D), plus the sinusoidal PE; causal target mask.
-    bf16 as ``model.to(torch.bfloat16)``; its own default initialisation."""
+    """``torch.nn.Transformer`` at our hyperparameters (post-LN), with one ``nn.Embedding`` shared by source, target
+    and the tied output projection, scaled by sqrt(D), plus the sinusoidal PE (and ``dropout`` after it, as the
+    stock layers drop inside); causal target mask. For the forward: dropout off, evaluation mode, bf16 as
+    ``model.to(torch.bfloat16)``; for training (``train=True``): fp32 parameters in training mode. Its own
+    default initialisation."""
 
     name = "torch.nn.Transformer"
 
-    def __init__(self, config: Config, device: str):
+    def __init__(self, config: Config, device: str, dropout: float = 0.0, train: bool = False):
         super().__init__()
         c = config
         self.dtype, self.device = c.dtype, device
         self.embedding = nn.Embedding(c.vocab_size, c.d_model)
+        self.dropout = nn.Dropout(dropout)
         self.transformer = nn.Transformer(
             d_model=c.d_model, nhead=c.n_heads, num_encoder_layers=c.n_encoder_layers,
-            num_decoder_layers=c.n_decoder_layers, dim_feedforward=c.d_ff, dropout=0.0, batch_first=True,
+            num_decoder_layers=c.n_decoder_layers, dim_feedforward=c.d_ff, dropout=dropout, batch_first=True,
             norm_first=False, layer_norm_eps=c.layer_norm_eps)
         self.register_buffer("pe", impl_torch.positional_encoding(c.max_len, c.d_model), persistent=False)
-        self.to(device=device, dtype=DTYPES[c.dtype]).eval()
+        self.to(device=device, dtype=torch.float32 if train else DTYPES[c.dtype]).train(train)
 
     def embed(self, ids: Tensor) -> Tensor:
         """(B, L) ids -> (B, L, D)."""
-        return self.embedding(ids) * math.sqrt(self.embedding.embedding_dim) + self.pe[:ids.shape[1]]
+        return self.dropout(self.embedding(ids) * math.sqrt(self.embedding.embedding_dim) + self.pe[:ids.shape[1]])
+
+    def logits(self, src: np.ndarray, tgt_in: np.ndarray) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V) in the parameters' (or autocast's) dtype."""
+        src_t, tgt_t = (torch.as_tensor(a, device=self.device) for a in (src, tgt_in))
+        T = tgt_t.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(T, device=self.pe.device, dtype=self.pe.dtype)
+        h = self.transformer(self.embed(src_t), self.embed(tgt_t), tgt_mask=mask, tgt_is_causal=True)
+        return h @ self.embedding.weight.T                                        # (B, T, V)
 
     def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> None:  # type: ignore[override]
         """src (B, S), tgt_in (B, T) -> logits (B, T, V) in the peer's dtype."""
         with torch.inference_mode():
-            src_t, tgt_t = (torch.as_tensor(a, device=self.device) for a in (src, tgt_in))
-            T = tgt_t.shape[1]
-            mask = nn.Transformer.generate_square_subsequent_mask(T, device=self.pe.device, dtype=self.pe.dtype)
-            h = self.transformer(self.embed(src_t), self.embed(tgt_t), tgt_mask=mask, tgt_is_causal=True)
-            (h @ self.embedding.weight.T).cpu()                                    # (B, T, V)
+            self.logits(src, tgt_in).cpu()                                        # (B, T, V)
 
 
 def peer(config: Config, device: str) -> Peer:
     """The stock ``torch.nn.Transformer`` at ``config``'s hyperparameters, in ``config.dtype``, forward only."""
     return Peer(config, device)
+
+
+class PeerTrainer:
+    """The peer's training step as a torch user writes it: fp32 parameters, the forward under
+    ``torch.autocast(dtype=torch.bfloat16)`` for bf16 (none for fp32), dropout ``config.dropout``,
+    ``nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=0.1)`` on the fp32 logits, ``backward``,
+    ``torch.optim.Adam`` (foreach) at a constant learning rate; ``loss.item()`` synchronises."""
+
+    name = Peer.name
+
+    def __init__(self, config: Config, device: str):
+        self.model = Peer(config, device, dropout=config.dropout, train=True)
+        self.dtype, self.device = config.dtype, device
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=peer_learning_rate(config),
+                                          betas=(TRAIN.beta1, TRAIN.beta2), eps=TRAIN.adam_eps)
+        self.loss = nn.CrossEntropyLoss(ignore_index=config.pad_id, label_smoothing=TRAIN.label_smoothing)
+
+    def step(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray) -> None:
+        """src (B, S), tgt_in (B, T), tgt_out (B, T): one Adam step."""
+        y = torch.as_tensor(tgt_out, device=self.device)                          # (B, T)
+        with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16"):
+            logits = self.model.logits(src, tgt_in)                               # (B, T, V)
+        loss = self.loss(logits.float().flatten(0, 1), y.flatten())               # () float32
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        loss.item()
+
+
+def peer_trainer(config: Config, device: str) -> PeerTrainer:
+    """The stock peer's own training step in ``config.dtype`` (mixed precision for bf16), fp32 master weights."""
+    return PeerTrainer(config, device)
 
 
 def _sync(device: str) -> None:

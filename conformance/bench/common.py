@@ -1,7 +1,9 @@
-"""What every framework's bench shares: inputs, weights, the clock, the statistics and the record format.
+"""What every framework's bench shares: inputs, weights, the training hyper-parameters, the clock, the statistics
+and the record format.
 
 Framework-neutral (NumPy only). A framework module (``bench_torch``, ``bench_jax``, ``bench_tf``) builds
-``Subject``s, its own impl and its framework's stock peer; ``conformance.bench.run`` times them here.
+``Subject``s, its own impl and its framework's stock peer, and the peer's ``Trainer``; ``conformance.bench.run``
+times them here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import numpy as np
 
 import spec
 from spec.config import Config
+from spec.training import TrainConfig, learning_rate
+
+TRAIN = TrainConfig()  # the paper's training hyper-parameters, ours (``train_step``'s default) and the peers'
 
 clock = time.perf_counter  # seconds; a subject synchronises its device before returning, so reads are honest
 
@@ -28,6 +33,12 @@ def bench_params(config: Config, seed: int = 0) -> dict[str, np.ndarray]:
     params = spec.init_params(config, seed)
     params["embedding"][config.eos_id] = 0
     return params
+
+
+def peer_learning_rate(config: Config) -> float:
+    """The stock peers' constant Adam learning rate: the peak of equation 3 (its value at step = warmup_steps).
+    Ours follows the schedule; a step's cost does not depend on the value."""
+    return learning_rate(TRAIN.warmup_steps, config.d_model, TRAIN.warmup_steps)
 
 
 def inputs(config: Config, B: int, S: int, T: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -49,6 +60,18 @@ class Subject(Protocol):
 
     def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> None:
         """Teacher-forced forward to logits (B, T, V) float32."""
+
+
+class Trainer(Protocol):
+    """A stock peer's own training step (``peer_trainer``): fp32 master weights, compute in ``dtype``."""
+
+    name: str
+    dtype: str
+
+    def step(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray) -> None:
+        """One step: teacher-forced forward with dropout ``config.dropout`` (training mode), the label-smoothed
+        (``TRAIN.label_smoothing``) cross-entropy in fp32 averaged over the non-pad targets, backward, Adam
+        (``TRAIN``'s betas and eps, ``peer_learning_rate``); returns once the loss is on the host."""
 
 
 class Generator(Subject, Protocol):

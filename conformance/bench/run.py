@@ -10,7 +10,8 @@ merges the files. Workloads (``--workloads``, default all):
 - ``greedy``: the library's greedy_search; the per-step cost with the KV cache up to the last new token, and
   without it (prefix recomputed) over the first new tokens; ours, each dtype.
 - ``beam``: the library's beam_search, beam 4, as many new tokens as greedy's short run; ours, each dtype.
-- ``train``: our ``train_step`` (forward, backward, Adam) in mixed precision and fp32; 3x forward FLOPs.
+- ``train``: our ``train_step`` (forward, backward, Adam) and the peer's own training step, mixed precision and
+  fp32; 3x forward FLOPs.
 - ``scaling``: forward at S = T in ``--lengths``, ours and the peer, the first dtype; the fitted exponent.
 """
 
@@ -145,27 +146,31 @@ class Runner:
                         timing=timing.as_dict(), metrics=metrics)
 
     def train(self) -> None:
-        """Our ``train_step`` (forward, backward, Adam; dropout at the paper's 0.1) through the common API, in mixed
-        precision (bf16 compute, fp32 master weights) and fp32, timed together; 3x the forward's FLOPs. The stock
-        peers are not timed here yet: each would need its own training loop."""
+        """Our ``train_step`` (forward, backward, Adam; dropout at the paper's 0.1) through the common API, and the
+        stock peer's own training step (``peer_trainer``: the framework's idiom, the same hyperparameters, its own
+        init, a constant learning rate), in mixed precision (bf16 compute, fp32 master weights) and fp32, on the
+        same batch, all timed together; each 3x the forward's FLOPs."""
         B, S, T = self.args.batch, self.args.src_len, self.args.tgt_len
         impl = importlib.import_module(f"impl_{self.args.framework}")
-        configs = [spec.preset(self.args.config, dtype=dt, param_dtype="float32") for dt in self.args.dtypes]
-        runs = []
-        for config in configs:
-            model = self.fw.ours(config, bench_params(config), self.args.device).model
-            src, tgt_in = inputs(config, B, S, T)
-            tgt_out = np.concatenate([tgt_in[:, 1:], np.full((B, 1), config.eos_id)], axis=1)   # (B, T)
-            runs.append({"model": model, "state": impl.init_train_state(model), "batch": (src, tgt_in, tgt_out)})
 
         def step(run: dict[str, Any]) -> None:
             loss, run["model"], run["state"] = impl.train_step(run["model"], run["state"], *run["batch"])
             float(loss)                                                     # waits for the device
-        timings = measure_together([lambda r=r: step(r) for r in runs], self.args.repeats)
-        for config, timing in zip(configs, timings, strict=True):
+
+        subjects, calls = [], []
+        for dtype in self.args.dtypes:
+            config = spec.preset(self.args.config, dtype=dtype, param_dtype="float32")
+            model = self.fw.ours(config, bench_params(config), self.args.device).model
+            src, tgt_in = inputs(config, B, S, T)
+            tgt_out = np.concatenate([tgt_in[:, 1:], np.full((B, 1), config.eos_id)], axis=1)   # (B, T)
+            run = {"model": model, "state": impl.init_train_state(model), "batch": (src, tgt_in, tgt_out)}
+            peer = self.fw.peer_trainer(config, self.args.device)
+            subjects += [(f"impl_{self.args.framework}", config), (peer.name, config)]
+            calls += [lambda r=run: step(r), lambda p=peer, b=run["batch"]: p.step(*b)]
+        for (name, config), timing in zip(subjects, measure_together(calls, self.args.repeats), strict=True):
             flops = train_step_flops(config, B, S, T)
-            self.record("train", f"impl_{self.args.framework}", config.dtype, {"B": B, "S": S, "T": T},
-                        timing=timing.as_dict(), flops=flops, param_dtype=config.param_dtype,
+            self.record("train", name, config.dtype, {"B": B, "S": S, "T": T}, timing=timing.as_dict(), flops=flops,
+                        param_dtype=config.param_dtype,
                         metrics={"flop_per_s": flops / timing.median_s, "tokens_per_s": B * (S + T) / timing.median_s})
 
     def scaling(self) -> None:

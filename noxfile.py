@@ -6,6 +6,7 @@
     nox -s "bench(framework='jax')" -- --workloads forward --batch 16   # one framework, options to the bench
     nox -s train_demo                               # every backend learns the reverse task; loss plot, accuracies
     nox -s "train_demo(backend='jax')" -- --steps 500 --min-accuracy 0.9   # one backend, options to the demo
+    nox -s train_dp                                 # 2 data-parallel workers against one device, resume, learning
     nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, README examples
     nox -s golden                                   # rewrite spec/golden
     nox -s golden -- --check                        # regenerate in a temp dir, compare bit for bit
@@ -98,6 +99,16 @@ def train_demo_report(session: nox.Session) -> None:
         session.skip("no training demo from this run")
     session.install(*CONSTRAINTS, "./spec", "./conformance[bench]")
     session.run("python", "-m", "conformance.train_report", *map(str, files), "--out", str(REPORTS / "train_demo"))
+
+
+@nox.session
+@nox.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+def train_dp(session: nox.Session, backend: str) -> None:
+    """Data-parallel training on the framework's own engine (``conformance/test_data_parallel.py``): two workers
+    against one device, a resumed and a killed run, and a short learning run of two workers."""
+    session.install(*CONSTRAINTS, "./spec", "./conformance", *PACKAGES[backend])
+    session.run("pytest", "--pyargs", "conformance", "--backend", backend, "--data-parallel", "--report-dir",
+                str(REPORTS / "train_dp"), "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session

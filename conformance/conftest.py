@@ -25,6 +25,8 @@ def pytest_addoption(parser):
     g.addoption("--backend", default="reference", choices=BACKENDS, help="backend under test")
     g.addoption("--report-dir", default="reports", type=Path, help="where the JSON/Markdown report goes")
     g.addoption("--mutant", default=None, help="test a mutant of the reference (see conformance.mutants)")
+    g.addoption("--data-parallel", action="store_true",
+                help="run only the data-parallel checks (test_data_parallel.py), which no other run collects")
 
 
 def pytest_configure(config):
@@ -36,11 +38,17 @@ def pytest_configure(config):
         if config.getoption("--backend") != "reference":
             raise pytest.UsageError("--mutant applies to --backend reference only")
         mutants.apply(mutant)
+    if config.getoption("--data-parallel") and config.getoption("--backend") == "reference":
+        raise pytest.UsageError("--data-parallel needs an impl's engine: --backend torch, jax or tf")
 
 
 def pytest_ignore_collect(collection_path, config):
     """The common-API checks, the bench and the training demo ask an impl module; the reference backend is the
-    spec itself."""
+    spec itself. The data-parallel checks (minutes of processes) run apart: alone with --data-parallel, never
+    without it."""
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        if (collection_path.name == "test_data_parallel.py") != bool(config.getoption("--data-parallel")):
+            return True
     impl_only = collection_path.name in ("test_api.py", "test_bench.py", "test_train_demo.py")
     return impl_only and config.getoption("--backend") == "reference" or None
 

@@ -234,7 +234,7 @@ def run(engine: Engine, o: Options, framework: str, log: Callable[[str], None] =
     step, checkpoints and records as the module docstring says. Returns {"losses", "step_s", "first_step",
     "steps", "data_parallel", "train_s"} for the steps this run took."""
     first = resume(engine, o, framework) + 1 if o.resume else 1
-    if first > 1:
+    if first > 1 and engine.chief:
         log(f"{framework}: resumed from step {first - 1} ({o.checkpoint_dir})")
     losses, step_s = [], []
     for step in range(first, o.steps + 1):

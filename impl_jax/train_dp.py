@@ -53,7 +53,7 @@ from impl_jax import layers, train
 from impl_jax.model import Params, Transformer, log
 from impl_jax.train import TrainState
 from impl_jax.weights import canonical
-from spec import data_parallel, shapes, validate
+from spec import data_parallel
 from spec.config import Config
 from spec.data_parallel import Batch, Options
 from spec.training import TrainConfig
@@ -99,7 +99,7 @@ class DataParallel:
                 before anything is computed.
         """
         config, s = self.model.config, self.state
-        src, tgt_in, tgt_out = self._batch(batch)  # (N Bs, Sb), (N Bs, Tb), (N Bs, Tb) int32, sharded by rows
+        src, tgt_in, tgt_out = self._shards(batch)  # (N Bs, Sb), (N Bs, Tb), (N Bs, Tb) int32, sharded by rows
         args = (self.model.params, s.m, s.v, s.step, s.rng, src, tgt_in, tgt_out, config, s.train_config)
         if keep_gradient:  # a second program: the normal step's drops the gradient (XLA then keeps it nowhere)
             loss, grads, params, m, v, step, rng = _train_step_with_gradient_jit(*args)
@@ -154,26 +154,19 @@ class DataParallel:
         # so the same program (a persistent compilation cache holds it once).
         program = jax.jit(train._train_step_jit.__wrapped__, static_argnames=("config", "train_config"),
                           compiler_options=impl_jax.XLA_OPTIONS)
-        args = (self.model.params, s.m, s.v, s.step, s.rng, *self._batch(batch), config, s.train_config)
+        args = (self.model.params, s.m, s.v, s.step, s.rng, *self._shards(batch), config, s.train_config)
         return program.lower(*args).compile().as_text()
 
-    def _batch(self, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def _shards(self, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The global batch checked, each worker's ``shard`` padded to the batch bucket of B/N rows and the
         global batch's length buckets, laid out by rows on the mesh: int32 (N Bs, Sb), (N Bs, Tb), (N Bs, Tb),
         device r holding shard r and its padding rows (Bs = ``batch_bucket(B / N)``; N Bs always divides by N).
 
         Raises:
-            ValueError: from ``spec.validate.check_train_batch``, or ``spec.data_parallel.shard`` if N does not
-                divide B.
+            ValueError: from ``spec.data_parallel.padded_shards`` (a bad batch, or N does not divide B).
         """
-        config = self.model.config
-        src, tgt_in, tgt_out = (np.asarray(x) for x in batch)                    # (B, S), (B, T), (B, T)
-        validate.check_train_batch(src, tgt_in, tgt_out, config)
-        shards = [data_parallel.shard((src, tgt_in, tgt_out), r, self.world) for r in range(self.world)]
-        rows = shapes.batch_bucket(src.shape[0] // self.world)                   # Bs
-        S, T = (shapes.length_bucket(n, config.max_len) for n in (src.shape[1], tgt_in.shape[1]))  # Sb, Tb
-        host = [np.concatenate([shapes.pad_ids(part[i], rows, length, config.pad_id) for part in shards])
-                for i, length in enumerate((S, T, T))]                           # (N Bs, Sb), (N Bs, Tb) x2 int32
+        shards = data_parallel.padded_shards(batch, self.world, self.model.config)  # N x ((Bs, Sb), (Bs, Tb) x2)
+        host = [np.concatenate([part[i] for part in shards]) for i in range(3)]  # (N Bs, Sb), (N Bs, Tb) x2 int32
         return tuple(jax.make_array_from_callback(x.shape, self._rows, functools.partial(_index, x))
                      for x in host)  # type: ignore[return-value]
 

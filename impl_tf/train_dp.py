@@ -48,8 +48,7 @@ import tensorflow as tf
 import impl_tf
 from impl_tf import train
 from impl_tf.layers import Dropout
-from impl_tf.model import pad_ids
-from spec import data_parallel, shapes, validate, weights_io
+from spec import data_parallel, weights_io
 from spec.data_parallel import Batch, Options
 
 MODULE = "impl_tf.train_dp"
@@ -157,22 +156,16 @@ class DataParallel:
         and the global batch's length buckets: per-replica int32 (Bs, Sb), (Bs, Tb), (Bs, Tb). Logs a new bucket.
 
         Raises:
-            ValueError: from ``spec.validate.check_train_batch``, or ``spec.data_parallel.shard`` if N does not
-                divide B.
+            ValueError: from ``spec.data_parallel.padded_shards`` (a bad batch, or N does not divide B).
         """
-        config = self.model.config
-        src, tgt_in, tgt_out = (np.asarray(x) for x in batch)                    # (B, S), (B, T), (B, T)
-        validate.check_train_batch(src, tgt_in, tgt_out, config)
-        data_parallel.shard((src, tgt_in, tgt_out), 0, self.world)              # N must divide B: checked here
-        Bs = shapes.batch_bucket(src.shape[0] // self.world)
-        Sb, Tb = (shapes.length_bucket(n, config.max_len) for n in (src.shape[1], tgt_in.shape[1]))
+        shards = data_parallel.padded_shards(batch, self.world, self.model.config)  # N x ((Bs, Sb), (Bs, Tb) x2)
+        (Bs, Sb), Tb = shards[0][0].shape, shards[0][1].shape[1]
         self.model._compiling("train_dp step", (Bs, Sb, Tb),
                               f"{self.world} replica(s) of batch {Bs}, source length {Sb}, target length {Tb} "
                               f"(buckets)")
 
         def replica_rows(ctx: tf.distribute.ValueContext) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            part = data_parallel.shard((src, tgt_in, tgt_out), ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync)
-            return tuple(pad_ids(x, Bs, L, config.pad_id) for x, L in zip(part, (Sb, Tb, Tb), strict=True))
+            return tuple(tf.constant(x) for x in shards[ctx.replica_id_in_sync_group])
 
         return self.strategy.experimental_distribute_values_from_function(replica_rows)
 

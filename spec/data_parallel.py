@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 import safetensors.numpy
 
-from spec import demo
+from spec import demo, shapes, validate
 from spec.config import PRESETS, Config
 from spec.training import TrainConfig
 
@@ -76,6 +76,23 @@ def shard(arrays: Batch, rank: int, world: int) -> Batch:
                          f"the global batch must be a multiple of the number of workers")
     rows = slice(rank * B // world, (rank + 1) * B // world)
     return tuple(a[rows] for a in arrays)  # type: ignore[return-value]
+
+
+def padded_shards(batch: Batch, world: int, config: Config) -> list[Batch]:
+    """The global batch checked, then each worker's ``shard`` padded with ``pad_id`` to the batch bucket of B/N rows
+    and the global batch's length buckets: for rank r, int32 src (Bs, Sb), tgt_in (Bs, Tb), tgt_out (Bs, Tb)
+    (``spec.shapes``), so every worker compiles one program shape. Pad rows and columns carry no targets.
+
+    Raises:
+        ValueError: from ``spec.validate.check_train_batch``, or ``shard`` if ``world`` does not divide B.
+    """
+    src, tgt_in, tgt_out = (np.asarray(x) for x in batch)                                 # (B, S), (B, T), (B, T)
+    validate.check_train_batch(src, tgt_in, tgt_out, config)
+    parts = [shard((src, tgt_in, tgt_out), r, world) for r in range(world)]
+    Bs = shapes.batch_bucket(src.shape[0] // world)
+    lengths = [shapes.length_bucket(n, config.max_len) for n in (src.shape[1], tgt_in.shape[1], tgt_in.shape[1])]
+    return [tuple(shapes.pad_ids(x, Bs, L, config.pad_id) for x, L in zip(part, lengths, strict=True))
+            for part in parts]
 
 
 def token_count(tgt_out: np.ndarray, pad_id: int) -> int:

@@ -37,6 +37,21 @@ def test_shards_are_contiguous_rows_that_tile_the_batch():
             dp.shard(batch, rank, world)
 
 
+def test_padded_shards_hold_each_shard_in_one_bucketed_shape():
+    c = dp.config_of("tiny", "float32", 0.0)
+    batch = dp.global_batch(c, 1, 6, 0)                                    # B = 6: shards of 3 rows, bucket 4
+    padded = dp.padded_shards(batch, 2, c)
+    for r, part in enumerate(padded):
+        for x, raw in zip(part, dp.shard(batch, r, 2), strict=True):
+            assert x.dtype == np.int32 and x.shape[0] == 4 and x.shape[1] >= raw.shape[1]
+            assert np.array_equal(x[:3, :raw.shape[1]], raw) and (x[3:] == c.pad_id).all()
+            assert (x[:, raw.shape[1]:] == c.pad_id).all()
+    with pytest.raises(ValueError, match="equal parts"):
+        dp.padded_shards(batch, 4, c)
+    with pytest.raises(ValueError, match="tgt_out"):
+        dp.padded_shards((batch[0], batch[1], batch[2][:, :-1]), 2, c)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--batch", "9", "--data-parallel", "2"], "--batch 9 must be a multiple of --data-parallel 2"),
     (["--resume"], "--resume needs --checkpoint-dir"),

@@ -161,22 +161,74 @@ def rounded(w: Tensor, dtype: torch.dtype) -> Tensor:
     return w.to(dtype).float()
 
 
+class _NativeLinear(torch.autograd.Function):
+    """x2 (rows, I) bf16 times a parameter w2 (I, O), plus bias (O,), for training: native bf16 GEMMs where the
+    contract allows them, fp32 where it asks for fp32 (``spec.backward``'s docstring).
+
+    Forward: the weight and bias rounded to bf16 (rule 0), one bf16 GEMM accumulating in fp32 and rounding once,
+    after the bias (``linear``). Backward, given dy (rows, O) bf16 (the cotangent of a bf16 activation is bf16):
+    dx = dy W^T, a bf16 cotangent, is the same kind of product, so a native bf16 GEMM too; dW = x^T dy and
+    db = sum(dy) are parameter gradients, fp32 by the contract, so their products are exact and accumulated in
+    fp32 with no bf16 rounding (``_fp32_product``). dW and db pass the bf16 rounding of the master weight
+    unchanged (straight-through, as ``_Rounded``) and come back in the master's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, x2: Tensor, w2: Tensor, bias: Tensor | None) -> Tensor:
+        wb = w2.to(x2.dtype)                                                    # (I, O) bf16, rule 0
+        ctx.save_for_backward(x2, wb)
+        ctx.w_dtype, ctx.b_dtype = w2.dtype, None if bias is None else bias.dtype
+        if bias is None:
+            return x2 @ wb                                                      # (rows, O) bf16
+        return torch.addmm(bias.to(x2.dtype), x2, wb)                           # (rows, O) bf16, bias before rounding
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x2, wb = ctx.saved_tensors                                              # (rows, I), (I, O) bf16
+        need_x, need_w, need_b = ctx.needs_input_grad
+        dx = dy @ wb.T if need_x else None                                      # (rows, I) bf16, rounded once
+        dw = _fp32_product(x2.T, dy).to(ctx.w_dtype) if need_w else None        # (I, O) fp32, never bf16
+        db = dy.float().sum(0).to(ctx.b_dtype) if need_b else None              # (O,) fp32 sum of exact values
+        return dx, dw, db
+
+
+def _fp32_product(a: Tensor, b: Tensor) -> Tensor:
+    """a (M, K) @ b (K, N) of bf16 operands -> (M, N) fp32: exact products, fp32 accumulation, no bf16 rounding.
+
+    On CUDA cuBLAS writes the fp32 accumulator out (``out_dtype``); on the CPU ``out_dtype`` is not implemented, so
+    an fp32 GEMM of the upcast operands (exact: a bf16 value is an fp32 one), laid out as autograd's own ``mm``
+    backward lays out the fp32 path's dW (a transposed view of a contiguous x times dy), the same bits.
+    """
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float() if a.is_contiguous() else (a.T.float()).T @ b.float()
+
+
 def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, n_in: int = 1) -> Tensor:
     """``project`` for a parameter: x (..., *I) times w (*I, *O) over the last ``n_in`` axes of x, plus bias (*O)
     -> (..., *O) in ``x.dtype``, the same numerics as ``project``.
 
     One 2-D ``torch.mm`` of the flattened operands: for the few rows of a decode step it is faster than the
     batched product ``einsum`` makes of it, and it never copies the weight (a profile of ``base`` decode steps).
-    On a CPU whose native bf16 GEMM is the faster one (``native_bf16_gemm``), a bf16 product outside autograd runs
-    as ``torch.addmm`` of bf16 operands: oneDNN accumulates in fp32 and adds the bias before its one rounding.
+    Which GEMM runs for a bf16 ``x`` (fp32 activations always take the last, fp32, path):
+
+    * CUDA, no bias: a native bf16 GEMM (cuBLAS accumulates in fp32 and rounds once, ``contract_numerics``).
+    * CPU whose native bf16 GEMM is the faster one (``native_bf16_gemm``): ``torch.addmm``/``mm`` of bf16 operands;
+      oneDNN accumulates in fp32 and adds the bias before its one rounding. Outside autograd the bf16 casts of an
+      unchanged parameter are kept (``as_dtype``).
+    * Either of these under autograd goes through ``_NativeLinear``, whose backward keeps the contract's dtypes: dx a
+      native bf16 GEMM, dW and db fp32 (autograd's own backward of the bf16 product would round dW to bf16).
+    * Otherwise (a CPU where native bf16 is slower, a CUDA product with a bias): an fp32 GEMM of the upcast
+      operands (exact), the bias added in fp32, one rounding; autograd differentiates it in fp32 (``rounded``).
     """
     lead, n = x.shape[:x.dim() - n_in], math.prod(w.shape[:n_in])
-    x2 = x.reshape(-1, n)                                                       # (rows, I)
-    if x.is_cuda and bias is None and x.dtype == torch.bfloat16:
-        y = x2 @ w.to(x.dtype).reshape(n, -1)  # native bf16 GEMM, as in ``project``
-    elif x.dtype == torch.bfloat16 and not x.is_cuda and not torch.is_grad_enabled() and native_bf16_gemm():
-        w2 = as_dtype(w, x.dtype).reshape(n, -1)                                # (I, O) bf16
-        y = x2 @ w2 if bias is None else torch.addmm(as_dtype(bias, x.dtype), x2, w2)   # (rows, O) bf16
+    x2, w2 = x.reshape(-1, n), w.reshape(n, -1)                                 # (rows, I), (I, O)
+    native = x.dtype == torch.bfloat16 and (bias is None if x.is_cuda else native_bf16_gemm())
+    if native and torch.is_grad_enabled():
+        y = _NativeLinear.apply(x2, w2, None if bias is None else bias.reshape(-1))  # (rows, O) bf16
+    elif native:
+        w2 = as_dtype(w, x.dtype).reshape(n, -1)                                # (I, O) bf16, kept while unchanged
+        y = x2 @ w2 if bias is None else torch.addmm(as_dtype(bias, x.dtype).reshape(-1), x2, w2)  # (rows, O) bf16
     else:
         y = x2.float() @ as_float(w, x.dtype).reshape(n, -1)                    # (rows, O) fp32
         if bias is not None:

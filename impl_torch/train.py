@@ -3,9 +3,10 @@
 The definitions are ``spec.training``'s. The model's own forward computes the logits (the numerics contract as in
 evaluation); the loss is computed in fp32 from the float32 logits; gradients are taken with respect to fp32 copies
 of the parameters (``torch.func.functional_call``), so they are fp32 whatever ``param_dtype``, and a bf16 rounding
-of a weight passes its gradient through unchanged (``layers.rounded``). Adam is written out in a few tensor ops
-rather than ``torch.optim.Adam``: that keeps bf16 moments for bf16 parameters, which the spec forbids, and the
-moments here are canonical (keyed by ``spec.schema`` names), so they save and load in every framework.
+of a weight passes its gradient through unchanged (``layers.rounded``). Adam is ``torch.optim.adam.adam``'s fused
+kernel for fp32 parameters and a few tensor ops for bf16 ones (the kernel would keep bf16 moments for them, which
+the spec forbids), over moments held here rather than in a ``torch.optim.Adam``: they are canonical (keyed by
+``spec.schema`` names), so they save and load in every framework.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.optim.adam import adam
 
 from impl_torch.generate import evaluating
 from impl_torch.layers import Dropout
@@ -207,13 +209,27 @@ def _cross_entropy(model: Transformer, logits: Tensor, tgt_out: Ids, label_smoot
 @torch.no_grad()
 def _adam_update(model: Transformer, state: TrainState, grads: dict[str, Tensor]) -> None:
     """Adam (section 5.3) in fp32 as ``spec.training.adam_update``, the learning rate of equation 3 at
-    ``state.step + 1``; each parameter written in place (bumping its version, so no stale fp32 copy is read)."""
+    ``state.step + 1``; each parameter written in place (bumping its version, so no stale fp32 copy is read).
+
+    fp32 parameters (fp32 master weights) go through ``torch.optim.adam.adam`` with ``fused=True``, PyTorch's one-pass
+    kernel of the same update (epsilon outside the square root): at ``base`` size on a 2-core CPU it took 26 ms
+    against 203 ms for the tensor ops below, which bf16 parameters keep (the fused kernel would hold their
+    moments in bf16).
+    """
     tc, t = state.train_config, state.step + 1
     lr = training.learning_rate(t, model.config.d_model, tc.warmup_steps)
-    for name, p in model.named_parameters():
-        g, m, v = grads[name], state.m[name], state.v[name]                              # fp32, p's shape
-        m.mul_(tc.beta1).add_(g, alpha=1.0 - tc.beta1)
-        v.mul_(tc.beta2).addcmul_(g, g, value=1.0 - tc.beta2)
-        step = (m / (1.0 - tc.beta1 ** t)) / ((v / (1.0 - tc.beta2 ** t)).sqrt() + tc.adam_eps)  # fp32
-        p.copy_(p.float() - lr * step)                                                   # rounded to param_dtype
+    named = dict(model.named_parameters())
+    if all(p.dtype == torch.float32 for p in named.values()):
+        steps = [torch.tensor(float(state.step), device=p.device) for p in named.values()]  # the kernel adds 1
+        adam(list(named.values()), [grads[n] for n in named], [state.m[n] for n in named],
+             [state.v[n] for n in named], [], steps, fused=True, amsgrad=False, beta1=tc.beta1, beta2=tc.beta2,
+             lr=lr, weight_decay=0.0, eps=tc.adam_eps, maximize=False)
+        torch.autograd.graph.increment_version(list(named.values()))  # the kernel leaves the versions as they were
+    else:
+        for name, p in named.items():
+            g, m, v = grads[name], state.m[name], state.v[name]                          # fp32, p's shape
+            m.mul_(tc.beta1).add_(g, alpha=1.0 - tc.beta1)
+            v.mul_(tc.beta2).addcmul_(g, g, value=1.0 - tc.beta2)
+            step = (m / (1.0 - tc.beta1 ** t)) / ((v / (1.0 - tc.beta2 ** t)).sqrt() + tc.adam_eps)  # fp32
+            p.copy_(p.float() - lr * step)                                               # rounded to bf16
     state.step = t

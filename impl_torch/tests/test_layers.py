@@ -159,6 +159,32 @@ def test_cpu_bf16_linear_rounds_once_after_the_bias_on_either_path(native, monke
     assert ((got.double() - want.double()).abs() <= want.double().abs() * 2.0 ** -7).all()  # at most one ulp
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["fp32_gemm", "native_bf16_gemm"])
+def test_cpu_bf16_linear_under_autograd_keeps_fp32_weight_gradients(native, monkeypatch):
+    """Under autograd (training) either CPU path of ``linear`` gives the no-grad forward bit for bit, dx rounded
+    once to bf16 (spec.backward), and the fp32 master's dW and db as fp32 products of the exact bf16 operands, never
+    rounded to bf16 (autograd's own bf16 matmul would round dW). The native path runs them as native GEMMs."""
+    monkeypatch.setattr(impl_torch.layers, "NATIVE_BF16_GEMM", native)
+    x, dy = _bf16(64, 256, seed=1), _bf16(64, 384, seed=4)
+    w = (256 ** -0.5 * torch.randn(256, 384, generator=torch.Generator().manual_seed(2))).requires_grad_()  # fp32
+    b = torch.randn(384, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    x.requires_grad_()
+    y = impl_torch.layers.linear(x, w, b)                                                  # (64, 384) bf16
+    functions = {type(y.grad_fn).__name__} | {type(f).__name__ for f, _ in y.grad_fn.next_functions if f}
+    assert ("_NativeLinearBackward" in functions) == native                               # bf16 GEMMs, or fp32
+    with torch.inference_mode():
+        assert torch.equal(y.detach(), impl_torch.layers.linear(x.detach(), torch.nn.Parameter(w.detach()), b.detach()))
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    w16 = w.detach().bfloat16().double()
+    want_dx = (dy.double() @ w16.T).float().bfloat16()                                    # rounded once
+    assert dx.dtype == torch.bfloat16 and (dx != want_dx).float().mean() < 1e-3
+    assert dw.dtype == db.dtype == torch.float32
+    want_dw, want_db = (x.detach().double().T @ dy.double()), dy.double().sum(0)          # exact
+    assert ((dw.double() - want_dw).abs() <= want_dw.abs().max() * 2.0 ** -20).all()      # fp32 sums
+    assert not torch.equal(dw, dw.bfloat16().float())                                     # not bf16 values
+    torch.testing.assert_close(db.double(), want_db, rtol=2.0 ** -20, atol=0)
+
+
 def test_native_bf16_gemm_can_be_pinned(monkeypatch):
     for pinned in (True, False):
         monkeypatch.setattr(impl_torch.layers, "NATIVE_BF16_GEMM", pinned)

@@ -188,20 +188,20 @@ class _NativeLinear(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad
         dx = dy @ wb.T if need_x else None                                      # (rows, I) bf16, rounded once
         dw = _fp32_product(x2.T, dy).to(ctx.w_dtype) if need_w else None        # (I, O) fp32, never bf16
-        db = dy.float().sum(0).to(ctx.b_dtype) if need_b else None              # (O,) fp32 sum of exact values
+        db = dy.sum(0, dtype=torch.float32).to(ctx.b_dtype) if need_b else None  # (O,) fp32 sum of exact values
         return dx, dw, db
 
 
 def _fp32_product(a: Tensor, b: Tensor) -> Tensor:
     """a (M, K) @ b (K, N) of bf16 operands -> (M, N) fp32: exact products, fp32 accumulation, no bf16 rounding.
 
-    On CUDA cuBLAS writes the fp32 accumulator out (``out_dtype``); on the CPU ``out_dtype`` is not implemented, so
-    an fp32 GEMM of the upcast operands (exact: a bf16 value is an fp32 one), laid out as autograd's own ``mm``
-    backward lays out the fp32 path's dW (a transposed view of a contiguous x times dy), the same bits.
+    On CUDA cuBLAS writes its fp32 accumulator out (``out_dtype``); on the CPU ``out_dtype`` is not implemented, so
+    an fp32 GEMM of the upcast operands (exact: a bf16 value is an fp32 one). ``.float()`` keeps the strides, so
+    dW = x^T dy is the fp32 path's own (autograd's ``mm`` backward: a transposed view of x times dy), bit for bit.
     """
     if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float() if a.is_contiguous() else (a.T.float()).T @ b.float()
+        return torch.mm(a, b, out_dtype=torch.float32)                          # (M, N) fp32
+    return a.float() @ b.float()                                                # (M, N) fp32
 
 
 def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, n_in: int = 1) -> Tensor:

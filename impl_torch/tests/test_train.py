@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import impl_torch as T
 import spec
@@ -85,6 +86,37 @@ def test_rounding_passes_the_gradient_through_in_fp32():
     g_out = torch.tensor([1.0 + 2.0 ** -20])                             # not a bf16 value
     (T.layers.rounded(w, torch.bfloat16) * g_out).sum().backward()
     assert w.grad.item() == g_out.item()
+
+
+class _GemmCensus(TorchDispatchMode):
+    """Counts the 2-D GEMMs (``aten.mm``, ``aten.addmm``) run inside it, by operand dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[torch.dtype, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            dtype = args[-1].dtype                                       # mat2's: both operands share it
+            self.counts[dtype] = self.counts.get(dtype, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native_bf16_gemm", "fp32_gemm"])
+def test_mixed_training_runs_parameter_products_as_native_bf16_gemms(native, monkeypatch):
+    """On a CPU whose native bf16 GEMM is the faster (``layers.native_bf16_gemm``), mixed-precision training runs
+    each parameter product's forward and dx as bf16 GEMMs and only dW as an fp32 one (``layers._NativeLinear``); the
+    tied output projection's three products stay fp32 (rule 7: fp32 logits, fp32 d logits). Issue 10: the training
+    path once ran all of them in fp32, since the native path was taken only outside autograd."""
+    monkeypatch.setattr(T.layers, "NATIVE_BF16_GEMM", native)
+    c = MIXED.replace(dropout=0.0)
+    n = 6 * c.n_encoder_layers + 10 * c.n_decoder_layers           # q, k, v, o (twice in a decoder), W_1, W_2
+    with _GemmCensus() as census:
+        T.loss_and_gradients(T.Transformer(c, seed=0), SRC, TGT_IN, TGT_OUT)
+    if native:
+        assert census.counts == {torch.bfloat16: 2 * n, torch.float32: n + 3}
+    else:
+        assert census.counts == {torch.float32: 3 * n + 3}
 
 
 # ----------------------------------------------------------------- Adam

@@ -87,17 +87,19 @@ def einsum_f32(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(eq, a, b, preferred_element_type=F32, precision=lax.Precision.HIGHEST)
 
 
-def linear(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
-    """x (..., *I) times a weight w (*I, *O) over the last ``n_in`` axes of x -> (..., *O) fp32, ``einsum_f32``'s
-    numerics, as one 2-D product of the flattened operands.
+def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, n_in: int = 1) -> jax.Array:
+    """x (..., *I) times a weight w (*I, *O) over the last ``n_in`` axes of x, plus bias (*O) -> (..., *O) in
+    x's dtype: ``einsum_f32``'s numerics, the bias added in fp32, rounded once (impl_torch's ``linear``).
 
-    An einsum that keeps the head axes (``bsd,dhk->bhsk``, ``bthc,hcd->btd``) let XLA's layout assignment
-    transpose the weight on every call: in a profile of the ``base`` fp32 forward (B=8, S=T=64), 54 copies of
-    w_k, w_v and w_o and 18 of attention outputs, about 25 ms of 220; the 2-D product reads the weight as stored.
+    One 2-D product of the flattened operands: an einsum that keeps the head axes (``bsd,dhk->bhsk``,
+    ``bthc,hcd->btd``) let XLA's layout assignment transpose the weight on every call (in a profile of the
+    ``base`` fp32 forward, B=8, S=T=64: 54 copies of w_k, w_v and w_o, about 25 ms of 205); this reads it as stored.
     """
     lead, n = x.shape[:x.ndim - n_in], math.prod(w.shape[:n_in])
     y = einsum_f32("mi,io->mo", x.reshape(-1, n), w.reshape(n, -1))    # (rows, O) fp32
-    return y.reshape(*lead, *w.shape[n_in:])
+    if bias is not None:
+        y = y + bias.reshape(-1)                                        # fp32
+    return y.astype(x.dtype).reshape(*lead, *w.shape[n_in:])
 
 
 # ----------------------------------------------------------------- layers
@@ -190,17 +192,17 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 def attention_kv(params: Params, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Key and value projections, heads-major as the KV cache holds them: x_kv (B, S, D) -> k (B, H, S, K),
     v (B, H, S, C)."""
-    k = linear(x_kv, params["w_k"]).astype(x_kv.dtype)              # (B, S, H, K)
-    v = linear(x_kv, params["w_v"]).astype(x_kv.dtype)              # (B, S, H, C)
+    k = linear(x_kv, params["w_k"])                                 # (B, S, H, K)
+    v = linear(x_kv, params["w_v"])                                 # (B, S, H, C)
     return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)         # (B, H, S, K), (B, H, S, C)
 
 
 def attend(params: Params, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Query projection, attention over heads-major k (B, H, S, K), v (B, H, S, C) computed earlier (the KV
     cache, cross-attention), output projection: (B, T, D) -> (B, T, D)."""
-    q = linear(x_q, params["w_q"]).astype(x_q.dtype)                 # (B, T, H, K)
+    q = linear(x_q, params["w_q"])                                     # (B, T, H, K)
     o = attention(q, k, v, mask)                                       # (B, T, H, C)
-    return linear(o, params["w_o"], n_in=2).astype(x_q.dtype)         # (B, T, D)
+    return linear(o, params["w_o"], n_in=2)                            # (B, T, D)
 
 
 def multi_head_attention(params: Params, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array) -> jax.Array:
@@ -218,9 +220,9 @@ def feed_forward(params: Params, x: jax.Array) -> jax.Array:
 
     params {w_1 (D, F), b_1 (F,), w_2 (F, D), b_2 (D,)}; x (B, L, D) -> (B, L, D).
     """
-    h = (linear(x, params["w_1"]) + params["b_1"]).astype(x.dtype)       # (B, L, F)
+    h = linear(x, params["w_1"], params["b_1"])                          # (B, L, F)
     h = jax.nn.relu(h)                                                   # exact in any dtype
-    return (linear(h, params["w_2"]) + params["b_2"]).astype(x.dtype)    # (B, L, D)
+    return linear(h, params["w_2"], params["b_2"])                       # (B, L, D)
 
 
 def layer_norm(params: Params, x: jax.Array, eps: float) -> jax.Array:

@@ -41,3 +41,16 @@ def test_loss_curve_of_50_steps_follows_the_spec(dtype, load_model, record):
     assert got.shape == (STEPS,) and np.isfinite(got).all()
     assert got[-1] < got[0] - 0.5, f"the loss did not fall: {got[0]:.3f} -> {got[-1]:.3f}"
     record({"loss_curve": tolerance.judge_gradient(got, exact, tolerance.error_stats(faithful, exact, dtype))})
+
+
+def test_the_learning_rate_scale_is_applied(load_model, record):
+    """``TrainConfig.lr_scale`` multiplies equation 3: 10 fp32 steps at a quarter of the schedule follow the spec's
+    exact trajectory at that scale (a backend that ignores the scale takes four times the steps and leaves it)."""
+    c, tc = TINY.replace(dtype="float32", param_dtype="float32", dropout=0.0), TrainConfig(warmup_steps=10,
+                                                                                           lr_scale=0.25)
+    params, batches = golden_cases.make_params(c, 31), _batches(c)[:10]
+    exact, faithful = (np.array(golden_training.trajectory(params, batches, c, tc, nx)["loss"])
+                       for nx in (Numerics("exact"), Numerics("float32")))
+    got = load_model(c, params).train(batches, tc, record_after=())["loss"]                   # (10,)
+    record({"loss_curve_lr_scale": tolerance.judge_gradient(got, exact,
+                                                            tolerance.error_stats(faithful, exact, "float32"))})

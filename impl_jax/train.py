@@ -227,10 +227,10 @@ def _value_and_grad(params: Params, src: jax.Array, tgt_in: jax.Array, tgt_out: 
     return jax.value_and_grad(_loss)(params32, src, tgt_in, tgt_out, config, label_smoothing, key)
 
 
-def _learning_rate(step: jax.Array, d_model: int, warmup_steps: int) -> jax.Array:
-    """Equation 3, ``spec.training.learning_rate``, of a traced int step >= 1: () float32."""
+def _learning_rate(step: jax.Array, d_model: int, warmup_steps: int, scale: float) -> jax.Array:
+    """Equation 3 times ``scale``, ``spec.training.learning_rate``, of a traced int step >= 1: () float32."""
     t = step.astype(F32)
-    return d_model ** -0.5 * jnp.minimum(t ** -0.5, t * warmup_steps ** -1.5)
+    return scale * d_model ** -0.5 * jnp.minimum(t ** -0.5, t * warmup_steps ** -1.5)
 
 
 @functools.partial(layers.jit, static_argnames=("config",))
@@ -263,7 +263,7 @@ def _adam_step(params: Params, m: dict[str, jax.Array], v: dict[str, jax.Array],
     grads = canonical(grads, config)                                          # {name: fp32 gradient}
     adam = optax.scale_by_adam(b1=tc.beta1, b2=tc.beta2, eps=tc.adam_eps)
     updates, adam_state = adam.update(grads, optax.ScaleByAdamState(step, m, v))  # fp32
-    lr = _learning_rate(adam_state.count, config.d_model, tc.warmup_steps)    # at step + 1
+    lr = _learning_rate(adam_state.count, config.d_model, tc.warmup_steps, tc.lr_scale)  # at step + 1
     new = {name: (p.astype(F32) - lr * updates[name]).astype(p.dtype)         # fp32 update, rounded once
            for name, p in canonical(params, config).items()}
     return loss, grads, to_tree(new), adam_state.mu, adam_state.nu, adam_state.count, rng

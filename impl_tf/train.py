@@ -186,9 +186,9 @@ def _hyper(model: Transformer, state: TrainState) -> dict[str, tf.Tensor]:
     """The fp32 scalars of the Adam step ``state.step + 1`` (equation 3's learning rate, the bias corrections, the
     betas, epsilon, label smoothing): float64 on the host, each rounded once to fp32."""
     tc, t = state.train_config, int(state.step.numpy()) + 1  # .numpy(): a mirrored variable too (train_dp)
-    hyper = {"lr": training.learning_rate(t, model.config.d_model, tc.warmup_steps), "correction1": 1 - tc.beta1 ** t,
-             "correction2": 1 - tc.beta2 ** t, "beta1": tc.beta1, "beta2": tc.beta2, "eps": tc.adam_eps,
-             "label_smoothing": tc.label_smoothing}
+    hyper = {"lr": training.learning_rate(t, model.config.d_model, tc.warmup_steps, tc.lr_scale),
+             "correction1": 1 - tc.beta1 ** t, "correction2": 1 - tc.beta2 ** t, "beta1": tc.beta1,
+             "beta2": tc.beta2, "eps": tc.adam_eps, "label_smoothing": tc.label_smoothing}
     return {k: tf.constant(x, tf.float32) for k, x in hyper.items()}
 
 

@@ -217,7 +217,7 @@ def _adam_update(model: Transformer, state: TrainState, grads: dict[str, Tensor]
     moments in bf16).
     """
     tc, t = state.train_config, state.step + 1
-    lr = training.learning_rate(t, model.config.d_model, tc.warmup_steps)
+    lr = training.learning_rate(t, model.config.d_model, tc.warmup_steps, tc.lr_scale)
     named = dict(model.named_parameters())
     if all(p.dtype == torch.float32 for p in named.values()):
         steps = [torch.tensor(float(state.step), device=p.device) for p in named.values()]  # the kernel adds 1

@@ -52,6 +52,9 @@ EXACT = Numerics("exact")
 class TrainConfig:
     """The paper's training hyper-parameters (section 5.3, 5.4); ``warmup_steps`` shorter for small demos.
 
+    ``lr_scale`` multiplies equation 3 (tensor2tensor's ``learning_rate_constant``): the paper's schedule peaks at
+    d_model^-0.5 * warmup_steps^-0.5, so a short warmup alone forces a high peak; the scale sets the peak apart.
+
     Raises:
         ValueError: naming the field, if ``label_smoothing`` is outside [0, 1), a beta outside [0, 1),
             ``adam_eps`` not positive or ``warmup_steps`` not a positive int.
@@ -62,6 +65,7 @@ class TrainConfig:
     beta2: float = 0.98
     adam_eps: float = 1e-9
     warmup_steps: int = 4000
+    lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("label_smoothing", "beta1", "beta2"):
@@ -73,17 +77,21 @@ class TrainConfig:
         if not (isinstance(self.warmup_steps, int) and not isinstance(self.warmup_steps, bool)
                 and self.warmup_steps > 0):
             raise ValueError(f"TrainConfig.warmup_steps must be a positive int, got {self.warmup_steps!r}")
+        if not (isinstance(self.lr_scale, (int, float)) and not isinstance(self.lr_scale, bool)
+                and 0.0 < self.lr_scale < float("inf")):
+            raise ValueError(f"TrainConfig.lr_scale must be a positive finite number, got {self.lr_scale!r}")
 
 
-def learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
-    """``d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`` (equation 3); steps count from 1.
+def learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """``scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`` (equation 3, times
+    ``TrainConfig.lr_scale``); steps count from 1.
 
     Raises:
         ValueError: if ``step`` is not an int >= 1.
     """
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
         raise ValueError(f"learning_rate: step must be an int >= 1, got {step!r}")
-    return d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -143,7 +151,7 @@ def adam_update(params: Params, grads: Params, state: AdamState, d_model: int,
     are each rounded to fp32 once, as fp32 state and fp32 master weights hold them at best.
     """
     t = state.step + 1
-    lr = learning_rate(t, d_model, tc.warmup_steps)
+    lr = learning_rate(t, d_model, tc.warmup_steps, tc.lr_scale)
     m = {k: nx.acc(tc.beta1 * state.m[k] + (1 - tc.beta1) * g) for k, g in grads.items()}
     v = {k: nx.acc(tc.beta2 * state.v[k] + (1 - tc.beta2) * g * g) for k, g in grads.items()}
     new = {k: nx.acc(p - lr * (m[k] / (1 - tc.beta1 ** t)) / (np.sqrt(v[k] / (1 - tc.beta2 ** t)) + tc.adam_eps))

@@ -1,0 +1,5 @@
+"""``python -m text``: see ``text.cli``."""
+
+from text.cli import main
+
+main()

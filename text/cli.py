@@ -1,0 +1,183 @@
+"""The command line: ``python -m text <command>``, driving any backend through the common API.
+
+    python -m text prepare --catalogs de --out data/en-de            # or --source F --target F, or --tsv F
+    python -m text train --backend jax --data data/en-de --out runs/jax --minutes 30
+    python -m text translate --backend tf --weights runs/jax/averaged.safetensors < sentences.en
+    python -m text evaluate --backend torch --weights runs/jax/averaged.safetensors --data data/en-de
+    python -m text average --out avg.safetensors runs/jax/step-*/model.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import spec
+from text import corpus, data, evaluate, train
+from text.tokenizer import Tokenizer
+from text.translate import translate
+
+BACKENDS = {"torch": "impl_torch", "jax": "impl_jax", "tf": "impl_tf"}
+
+
+def load_backend(name: str, threads: int | None = None, cores: list[int] | None = None) -> ModuleType:
+    """The impl module for ``name`` (torch, jax, tf, or a module path), imported after the thread settings.
+
+    ``cores`` pins the process to those CPU cores (``os.sched_setaffinity``); ``threads`` sets every framework's
+    intra-op thread count through the variables each reads at start (OpenMP for torch, TensorFlow's, XLA's flag
+    for JAX), which is why the import comes after them.
+    """
+    if cores:
+        os.sched_setaffinity(0, cores)
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+        os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+        flags = f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} " \
+                f"intra_op_parallelism_threads={threads}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return importlib.import_module(BACKENDS.get(name, name))
+
+
+def _read(a: argparse.Namespace) -> corpus.Read:
+    if a.catalogs:
+        return corpus.read_catalogs(a.catalogs, a.locale_dir)
+    if a.tsv:
+        return corpus.read_tsv(a.tsv)
+    if a.source and a.target:
+        return corpus.read_parallel(a.source, a.target)
+    raise SystemExit("prepare: give --catalogs LANG, --tsv FILE, or --source FILE and --target FILE")
+
+
+def cmd_prepare(a: argparse.Namespace) -> None:
+    prepared = data.prepare(_read(a), a.out, a.vocab_size, rules=tuple(a.rules.split(",")), max_words=a.max_words,
+                            dev=a.dev, test=a.test)
+    print(json.dumps(prepared.stats, indent=1, ensure_ascii=False))
+
+
+def cmd_train(a: argparse.Namespace) -> None:
+    T = load_backend(a.backend, a.threads, a.cores)
+    options = train.Options(a.minutes, a.steps, a.tokens_per_batch, a.warmup_steps, a.lr_scale,
+                            a.checkpoint_minutes, a.average, a.dev_sentences, a.seed)
+    config = spec.preset(a.preset)
+    run = train.Run(T, data.Prepared.load(a.data), a.out, config, options)
+    (Path(a.out) / "run.json").parent.mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "run.json").write_text(json.dumps({"backend": T.__name__, "threads": a.threads, "cores": a.cores,
+                                                      "options": dataclasses.asdict(options),
+                                                      "config": config.to_dict()}, indent=1))
+    result = run.train(log=lambda r: print(json.dumps(r), flush=True), progress_bar=not a.no_progress)
+    print(f"{T.__name__}: {result['step']} steps, {result['tokens']:,} tokens in {result['train_s']:.0f} s of "
+          f"training ({result['tokens'] / result['train_s']:,.0f} tokens/s); averaged the last "
+          f"{min(a.average, len(result['checkpoints']))} checkpoints into {Path(a.out) / 'averaged.safetensors'}")
+
+
+def _model(a: argparse.Namespace):
+    T = load_backend(a.backend, a.threads, a.cores)
+    model = T.load_weights(a.weights)
+    tokenizer_path = a.tokenizer or Path(a.weights).parent / "tokenizer.model"
+    return T, model, Tokenizer.load(tokenizer_path, model.config)
+
+
+def cmd_translate(a: argparse.Namespace) -> None:
+    T, model, tokenizer = _model(a)
+    lines = (open(a.input, encoding="utf-8") if a.input else sys.stdin).read().splitlines()
+    sentences = [corpus.normalize_whitespace(line) for line in lines]
+    for line in translate(T, model, tokenizer, sentences, beam_size=a.beam):
+        print(line)
+
+
+def cmd_evaluate(a: argparse.Namespace) -> None:
+    T, model, tokenizer = _model(a)
+    side = getattr(data.Prepared.load(a.data), a.split)
+    n = a.limit or len(side)
+    hyps = translate(T, model, tokenizer, side.sources[:n], beam_size=a.beam)
+    score = evaluate.bleu(hyps, side.targets[:n])
+    print(json.dumps({"backend": T.__name__, "weights": str(a.weights), "split": a.split, "sentences": n,
+                      "beam": a.beam, "bleu": score.bleu, "length_ratio": score.length_ratio,
+                      "signature": score.signature}))
+    if a.hypotheses:
+        Path(a.hypotheses).write_text("".join(h + "\n" for h in hyps))
+
+
+def cmd_average(a: argparse.Namespace) -> None:
+    config, params = train.average_checkpoints(a.weights)
+    spec.weights_io.save_weights(a.out, config, params)
+    print(f"averaged {len(a.weights)} checkpoints into {a.out}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m text", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    d = argparse.ArgumentDefaultsHelpFormatter
+    pre = sub.add_parser("prepare", help="read, clean and split a corpus; train the tokenizer", formatter_class=d)
+    pre.add_argument("--catalogs", metavar="LANG", help="English -> LANG from the system's gettext catalogs")
+    pre.add_argument("--locale-dir", default=str(corpus.LOCALE_DIR))
+    pre.add_argument("--tsv", help="one pair per line: source<TAB>target")
+    pre.add_argument("--source", help="one source sentence per line (with --target)")
+    pre.add_argument("--target", help="one target sentence per line, aligned with --source")
+    pre.add_argument("--out", required=True)
+    pre.add_argument("--vocab-size", type=int, default=8000)
+    pre.add_argument("--rules", default=",".join(corpus.DEFAULT_RULES), help="cleaning rules, in order")
+    pre.add_argument("--max-words", type=int, default=corpus.MAX_WORDS, help="the too_long rule's limit")
+    pre.add_argument("--dev", type=float, default=0.02, help="fraction of near-duplicate groups")
+    pre.add_argument("--test", type=float, default=0.03, help="fraction of near-duplicate groups")
+    pre.set_defaults(run=cmd_prepare)
+
+    defaults = train.Options()
+    tr = sub.add_parser("train", help="train a model on a prepared corpus", formatter_class=d)
+    _backend_args(tr)
+    tr.add_argument("--data", required=True)
+    tr.add_argument("--out", required=True, help="run folder: checkpoints, log.jsonl, averaged.safetensors")
+    tr.add_argument("--preset", default="mini", choices=sorted(spec.config.PRESETS))
+    tr.add_argument("--minutes", type=float, default=defaults.minutes, help="training time, evaluation excluded")
+    tr.add_argument("--steps", type=int, default=None, help="stop after this many steps instead")
+    for name in ("tokens_per_batch", "warmup_steps", "checkpoint_minutes", "lr_scale", "average",
+                 "dev_sentences", "seed"):
+        value = getattr(defaults, name)
+        tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    tr.add_argument("--no-progress", action="store_true")
+    tr.set_defaults(run=cmd_train)
+
+    for name, fn, helptext in (("translate", cmd_translate, "translate stdin or --input, one sentence a line"),
+                               ("evaluate", cmd_evaluate, "BLEU on a split of a prepared corpus")):
+        s = sub.add_parser(name, help=helptext, formatter_class=d)
+        _backend_args(s)
+        s.add_argument("--weights", required=True, help="a canonical weights file (any backend's)")
+        s.add_argument("--tokenizer", help="default: tokenizer.model beside the weights")
+        s.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy search")
+        if name == "translate":
+            s.add_argument("--input", help="default: stdin")
+        else:
+            s.add_argument("--data", required=True)
+            s.add_argument("--split", default="test", choices=data.SPLITS)
+            s.add_argument("--limit", type=int, default=None, help="the first N sentences only")
+            s.add_argument("--hypotheses", help="write the translations here")
+        s.set_defaults(run=fn)
+
+    av = sub.add_parser("average", help="average canonical weights files (section 6.1)", formatter_class=d)
+    av.add_argument("--out", required=True)
+    av.add_argument("weights", nargs="+")
+    av.set_defaults(run=cmd_average)
+    return p
+
+
+def _backend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="torch", help="torch, jax, tf, or an impl module's import path")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads of the framework")
+    p.add_argument("--cores", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="pin the process to these CPU cores, e.g. 0 or 0,1")
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
+    try:
+        a.run(a)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None

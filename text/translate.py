@@ -1,0 +1,71 @@
+"""Text in, text out: sentences translated by any backend through the common API (``spec.api``).
+
+``translate(T, model, tokenizer, sentences)`` encodes with the shared subword model, sorts the sentences by
+length (so a batch pads little and a compiling backend sees few shapes), runs ``T.beam_search`` with the paper's
+settings (beam 4, length penalty alpha 0.6, at most source length + 50 new tokens; section 6.1) or
+``T.greedy_search``, and decodes back to text in the input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from text.tokenizer import Tokenizer
+
+BEAM_SIZE, ALPHA = 4, 0.6          # section 6.1
+BATCH = 64
+
+
+def host(x: Any) -> np.ndarray:
+    """A framework array (torch, JAX, TensorFlow) or a NumPy array, as NumPy."""
+    if hasattr(x, "detach"):        # torch: a tensor that requires grad has no NumPy view until detached
+        x = x.detach().cpu()
+    return np.asarray(x)
+
+
+def source_ids(tokenizer: Tokenizer, sentences: Sequence[str], max_len: int) -> list[list[int]]:
+    """Each sentence's subword ids followed by EOS.
+
+    Raises:
+        ValueError: naming the (1-based) line of a sentence that is empty or longer than the model's ``max_len``
+            allows (its ids and EOS must fit).
+    """
+    ids = tokenizer.encode(list(sentences))
+    for i, row in enumerate(ids, 1):
+        if not row:
+            raise ValueError(f"line {i}: empty sentence; nothing to translate")
+        if len(row) + 1 > max_len:
+            raise ValueError(f"line {i}: {len(row)} subwords; the model reads at most max_len - 1 = {max_len - 1}")
+    return [row + [tokenizer.eos_id] for row in ids]
+
+
+def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequence[str], *,
+              beam_size: int = BEAM_SIZE, alpha: float = ALPHA, batch_size: int = BATCH) -> list[str]:
+    """Translations of ``sentences`` (detokenised text, input order) by ``model`` of the impl module ``T``.
+
+    ``beam_size`` 1 is greedy search (``T.greedy_search``), otherwise ``T.beam_search(model, src, beam_size,
+    alpha)``; each with the API's default limit, source length + 50 new tokens.
+
+    Raises:
+        ValueError: from ``source_ids`` for an empty or over-long sentence, before any search.
+    """
+    c = model.config
+    rows = source_ids(tokenizer, sentences, c.max_len)
+    order = np.argsort([len(r) for r in rows], kind="stable")
+    out: list[str] = [""] * len(rows)
+    for start in range(0, len(rows), batch_size):
+        idx = order[start:start + batch_size]
+        src = np.full((len(idx), max(len(rows[i]) for i in idx)), c.pad_id, np.int64)   # (B, S)
+        for r, i in enumerate(idx):
+            src[r, :len(rows[i])] = rows[i]
+        if beam_size == 1:
+            tokens = T.greedy_search(model, src)                                          # (B, L)
+        else:
+            tokens = T.beam_search(model, src, beam_size, alpha)                          # (B, L)
+        for i, text in zip(idx, tokenizer.decode(host(tokens)), strict=True):
+            out[i] = text
+    return out

@@ -7,6 +7,9 @@
     nox -s train_demo                               # every backend learns the reverse task; loss plot, accuracies
     nox -s "train_demo(backend='jax')" -- --steps 500 --min-accuracy 0.9   # one backend, options to the demo
     nox -s train_dp                                 # 2 data-parallel workers against one device, resume, learning
+    nox -s text                                     # the text layer from corpus to BLEU in every backend, the peer
+    nox -s translate_demo                           # En->De from the catalogs, 30 min per backend and the peer
+    nox -s translate_demo -- --minutes 5 --systems jax   # options to tools.translate_demo
     nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, README examples
     nox -s golden                                   # rewrite spec/golden
     nox -s golden -- --check                        # regenerate in a temp dir, compare bit for bit
@@ -111,8 +114,33 @@ def train_dp(session: nox.Session, backend: str) -> None:
                 str(REPORTS / "train_dp"), "-p", "no:cacheprovider", *session.posargs)
 
 
+TEXT = ["./spec", "./text", "./impl_torch", "./impl_jax", "./impl_tf[cpu]"]
+
+
 @nox.session
-@nox.parametrize("package", ["spec", *[f"impl_{b}" for b in BACKENDS if b != "reference"]])
+def text(session: nox.Session) -> None:
+    """The text layer in every backend (``tools/tests``: corpus -> tokenizer -> training -> translation -> BLEU,
+    one checkpoint translated by all three; the torch peer); its framework-free unit tests run in ``tests``."""
+    session.install(*CONSTRAINTS, *TEXT, "pytest")
+    session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def translate_demo(session: nox.Session) -> None:
+    """English -> German from the system's gettext catalogs in every backend and the torch peer
+    (``tools.translate_demo``); a run at the default budget also copies its report to docs/translate/."""
+    session.install(*CONSTRAINTS, *TEXT, "matplotlib")
+    out = REPORTS / "translate"
+    session.run("python", "-m", "tools.translate_demo", "--out", str(out), *session.posargs)
+    if not session.posargs:
+        docs = ROOT / "docs" / "translate"
+        docs.mkdir(parents=True, exist_ok=True)
+        for name in ("translate-demo.md", "translate-demo.png", "translate-demo.json"):
+            (docs / name).write_bytes((out / name).read_bytes())
+
+
+@nox.session
+@nox.parametrize("package", ["spec", "text", *[f"impl_{b}" for b in BACKENDS if b != "reference"]])
 def tests(session: nox.Session, package: str) -> None:
     """One package as a user gets it: its wheel (no file URL in its metadata) installed with its dependencies
     from wheels alone, its unit tests, then the README's examples for it, run outside the repository."""

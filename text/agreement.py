@@ -16,6 +16,7 @@ import numpy as np
 from spec import reference, search, tolerance
 from spec.config import Config
 from spec.numerics import Numerics
+from text.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +50,8 @@ def reference_greedy(config: Config, params: dict[str, np.ndarray], src: np.ndar
     return Decisions(tokens, margins, tol)
 
 
-def same_tokens(a: np.ndarray, b: np.ndarray, pad_id: int) -> np.ndarray:
-    """(B,) bool: rows equal once both are right-padded with ``pad_id`` to one width."""
-    width = max(a.shape[1], b.shape[1])
-    a, b = (np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=pad_id) for x in (a, b))
-    return (a == b).all(axis=1)
+def fitting(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> list[str]:
+    """The sentences whose search gets the paper's limit, source length + 50 new tokens, within ``max_len``: on
+    them the reference and a batched translation decode under the same per-sentence limits."""
+    return [s for s, ids in zip(sentences, tokenizer.encode(sentences), strict=True) if len(ids) + 51 <= max_len]
+

@@ -64,7 +64,7 @@ def cmd_prepare(a: argparse.Namespace) -> None:
 def cmd_train(a: argparse.Namespace) -> None:
     T = load_backend(a.backend, a.threads, a.cores)
     options = train.Options(a.minutes, a.steps, a.tokens_per_batch, a.warmup_steps, a.lr_scale,
-                            a.checkpoint_minutes, a.average, a.dev_sentences, a.seed)
+                            a.checkpoint_minutes, a.checkpoint_steps, a.average, a.dev_sentences, a.seed)
     config = spec.preset(a.preset)
     run = train.Run(T, data.Prepared.load(a.data), a.out, config, options)
     (Path(a.out) / "run.json").parent.mkdir(parents=True, exist_ok=True)
@@ -96,11 +96,12 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
     T, model, tokenizer = _model(a)
     side = getattr(data.Prepared.load(a.data), a.split)
     n = a.limit or len(side)
-    hyps = translate(T, model, tokenizer, side.sources[:n], beam_size=a.beam)
+    hyps = translate(T, model, tokenizer, side.sources[:n], beam_size=a.beam, truncate=True)
     score = evaluate.bleu(hyps, side.targets[:n])
+    cut = sum(len(ids) >= model.config.max_len for ids in tokenizer.encode(side.sources[:n]))
     print(json.dumps({"backend": T.__name__, "weights": str(a.weights), "split": a.split, "sentences": n,
-                      "beam": a.beam, "bleu": score.bleu, "length_ratio": score.length_ratio,
-                      "signature": score.signature}))
+                      "sources_truncated": cut, "beam": a.beam, "bleu": score.bleu,
+                      "length_ratio": score.length_ratio, "signature": score.signature}))
     if a.hypotheses:
         Path(a.hypotheses).write_text("".join(h + "\n" for h in hyps))
 
@@ -142,6 +143,7 @@ def parser() -> argparse.ArgumentParser:
                  "dev_sentences", "seed"):
         value = getattr(defaults, name)
         tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    tr.add_argument("--checkpoint-steps", type=int, default=None, help="checkpoint every N steps instead")
     tr.add_argument("--no-progress", action="store_true")
     tr.set_defaults(run=cmd_train)
 

@@ -4,10 +4,10 @@ One step is ``T.train_step(model, state, src, tgt_in, tgt_out)`` on the ``TokenB
 (section 5.1: pairs batched by length, about ``tokens_per_batch`` positions per side), so a run is a function of its
 options: the same seed gives the same batches in every backend, and a resumed run sees the batches the
 uninterrupted one would have. The budget is training time (evaluation excluded) or a step count. Every
-``checkpoint_minutes`` of training a checkpoint is written (``step-<k>/``: the weights, the train state and
-``progress.json``, renamed into place when complete) and evaluated on the dev set: the label-smoothed loss
-without gradients, and BLEU of greedy search on its first ``dev_sentences``. At the end the last ``average``
-checkpoints are averaged (section 6.1) into ``averaged.safetensors``.
+``checkpoint_minutes`` of training (or ``checkpoint_steps`` steps) a checkpoint is written (``step-<k>/``: the
+weights, the train state and ``progress.json``, renamed into place when complete) and evaluated on the dev set:
+the label-smoothed loss without gradients, and BLEU of greedy search on its first ``dev_sentences``. At the end
+the last ``average`` checkpoints are averaged (section 6.1) into ``averaged.safetensors``.
 """
 
 from __future__ import annotations
@@ -39,13 +39,18 @@ class Options:
 
     minutes: float | None = 30.0          # training time, evaluation excluded
     max_steps: int | None = None
-    tokens_per_batch: int = 4096          # positions per side, B * max(S, T) (section 5.1: ~25000 per side)
+    tokens_per_batch: int = 2048          # positions per side, B * max(S, T) (section 5.1: ~25000 per side)
     warmup_steps: int = 400
-    lr_scale: float = 0.5                 # peak learning rate lr_scale * d_model^-0.5 * warmup_steps^-0.5
-    checkpoint_minutes: float = 3.0
+    lr_scale: float = 0.4                 # peak learning rate lr_scale * d_model^-0.5 * warmup_steps^-0.5
+    checkpoint_minutes: float = 2.0
+    checkpoint_steps: int | None = None   # checkpoint every N steps instead (a run reproducible step for step)
     average: int = 5
     dev_sentences: int = 400
     seed: int = 0
+
+
+# What decides the batches and the arithmetic: a resumed run must keep them.
+RESUME_KEYS = ("tokens_per_batch", "warmup_steps", "lr_scale", "seed")
 
 
 def average_params(checkpoints: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -119,13 +124,18 @@ class Run:
         """
         path = latest_checkpoint(self.out)
         if path is None:
-            model = self.T.from_params(self.c, spec.init_params(self.c, self.o.seed))
+            # from_params of a new model's parameters: the weights of Transformer(config, seed) (spec.init_params
+            # in the impls) in a model whose __call__ is evaluation in every backend (a new torch module trains)
+            model = self.T.from_params(self.c, self.T.params_of(self.T.Transformer(self.c, seed=self.o.seed)))
             return model, self.T.init_train_state(model, self.train_config, self.o.seed), {
                 "step": 0, "train_s": 0.0, "tokens": 0, "checkpoints": []}
         progress = json.loads((path / "progress.json").read_text())
-        if progress["options"] != dataclasses.asdict(self.o) or progress["config"] != self.c.to_dict():
-            raise ValueError(f"{path}: written with other options or config; resume with the same ones "
-                             f"(stored {progress['options']})")
+        now = dataclasses.asdict(self.o)
+        other = [k for k in RESUME_KEYS if progress["options"][k] != now[k]]
+        if other or progress["config"] != self.c.to_dict():
+            raise ValueError(f"{path}: written with other {', '.join(other) or 'config'} "
+                             f"({ {k: progress['options'][k] for k in other} or progress['config']}); resume with "
+                             "the same ones (the budget and evaluation options may change)")
         model = self.T.load_weights(path / "model.safetensors")
         return model, self.T.load_train_state(path / "train_state.safetensors", model), progress
 
@@ -145,7 +155,7 @@ class Run:
                 p["step"] += 1
                 p["tokens"] += b.tokens
                 bar(p, losses[-1])
-                if p["train_s"] >= next_checkpoint or self._done(p):
+                if self._checkpoint_due(p, next_checkpoint):
                     log(self.checkpoint(model, state, p, losses))
                     losses, next_checkpoint = [], next_checkpoint + 60 * self.o.checkpoint_minutes
         self.write_average(p)
@@ -175,7 +185,8 @@ class Run:
     def dev_bleu(self, model: Any, beam_size: int = 1):
         """BLEU of ``model`` on the first ``dev_sentences`` dev pairs (greedy unless ``beam_size`` > 1)."""
         n = self.o.dev_sentences
-        hyps = translate(self.T, model, self.tokenizer, self.data.dev.sources[:n], beam_size=beam_size)
+        hyps = translate(self.T, model, self.tokenizer, self.data.dev.sources[:n], beam_size=beam_size,
+                         truncate=True)
         return bleu(hyps, self.data.dev.targets[:n])
 
     def write_average(self, p: dict[str, Any]) -> Path:
@@ -185,6 +196,13 @@ class Run:
                 for name in p["checkpoints"][-self.o.average:]]
         self.T.save_weights(self.T.from_params(self.c, average_params(last)), self.out / "averaged.safetensors")
         return self.out / "averaged.safetensors"
+
+    def _checkpoint_due(self, p: dict[str, Any], next_checkpoint: float) -> bool:
+        if self._done(p):
+            return True
+        if self.o.checkpoint_steps:
+            return p["step"] % self.o.checkpoint_steps == 0
+        return p["train_s"] >= next_checkpoint
 
     def _budget_s(self) -> float | None:
         return None if self.o.minutes is None else 60 * self.o.minutes

@@ -27,34 +27,38 @@ def host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def source_ids(tokenizer: Tokenizer, sentences: Sequence[str], max_len: int) -> list[list[int]]:
-    """Each sentence's subword ids followed by EOS.
+def source_ids(tokenizer: Tokenizer, sentences: Sequence[str], max_len: int, truncate: bool = False
+               ) -> list[list[int]]:
+    """Each sentence's subword ids followed by EOS; with ``truncate``, a sentence longer than the model reads is
+    cut to its first ``max_len - 1`` subwords.
 
     Raises:
-        ValueError: naming the (1-based) line of a sentence that is empty or longer than the model's ``max_len``
-            allows (its ids and EOS must fit).
+        ValueError: naming the (1-based) line of a sentence that is empty, or (without ``truncate``) longer than
+            the model's ``max_len`` allows (its ids and EOS must fit).
     """
     ids = tokenizer.encode(list(sentences))
     for i, row in enumerate(ids, 1):
         if not row:
             raise ValueError(f"line {i}: empty sentence; nothing to translate")
-        if len(row) + 1 > max_len:
+        if len(row) + 1 > max_len and not truncate:
             raise ValueError(f"line {i}: {len(row)} subwords; the model reads at most max_len - 1 = {max_len - 1}")
-    return [row + [tokenizer.eos_id] for row in ids]
+    return [row[:max_len - 1] + [tokenizer.eos_id] for row in ids]
 
 
 def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequence[str], *,
-              beam_size: int = BEAM_SIZE, alpha: float = ALPHA, batch_size: int = BATCH) -> list[str]:
+              beam_size: int = BEAM_SIZE, alpha: float = ALPHA, batch_size: int = BATCH, truncate: bool = False
+              ) -> list[str]:
     """Translations of ``sentences`` (detokenised text, input order) by ``model`` of the impl module ``T``.
 
     ``beam_size`` 1 is greedy search (``T.greedy_search``), otherwise ``T.beam_search(model, src, beam_size,
-    alpha)``; each with the API's default limit, source length + 50 new tokens.
+    alpha)``; each with the API's default limit, source length + 50 new tokens, or ``max_len`` for a batch whose
+    longest source leaves less room. ``truncate`` as ``source_ids``.
 
     Raises:
         ValueError: from ``source_ids`` for an empty or over-long sentence, before any search.
     """
     c = model.config
-    rows = source_ids(tokenizer, sentences, c.max_len)
+    rows = source_ids(tokenizer, sentences, c.max_len, truncate)
     order = np.argsort([len(r) for r in rows], kind="stable")
     out: list[str] = [""] * len(rows)
     for start in range(0, len(rows), batch_size):
@@ -62,10 +66,12 @@ def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequen
         src = np.full((len(idx), max(len(rows[i]) for i in idx)), c.pad_id, np.int64)   # (B, S)
         for r, i in enumerate(idx):
             src[r, :len(rows[i])] = rows[i]
+        # The paper's limit, source length + 50 (the API's default), where the model's max_len allows it.
+        limit = None if src.shape[1] + 50 <= c.max_len else c.max_len
         if beam_size == 1:
-            tokens = T.greedy_search(model, src)                                          # (B, L)
+            tokens = T.greedy_search(model, src, limit)                                   # (B, L)
         else:
-            tokens = T.beam_search(model, src, beam_size, alpha)                          # (B, L)
+            tokens = T.beam_search(model, src, beam_size, alpha, limit)                   # (B, L)
         for i, text in zip(idx, tokenizer.decode(host(tokens)), strict=True):
             out[i] = text
     return out

@@ -1,0 +1,91 @@
+"""The translation demo's report: a Markdown table, ten example translations and a plot of dev BLEU against
+training minutes, from ``translate-demo.json`` (``tools.translate_demo``)."""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+from text import data
+
+NAMES = {"torch": "impl_torch", "jax": "impl_jax", "tf": "impl_tf", "peer": "torch.nn.Transformer (peer)"}
+
+
+def _machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown CPU")
+    import os
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+
+
+def table(result: dict) -> str:
+    """Test BLEU of each system beside the baselines, tokens/s and steps."""
+    base = result["corpus"]["baselines"]["test"]
+    lines = ["| system | steps | tokens/s (1 core, 1 thread) | final dev loss | test BLEU, last checkpoint | "
+             "test BLEU, averaged | length ratio (averaged) |", "|---|---|---|---|---|---|---|"]
+    for name, runs in result["runs"].items():
+        last, test = runs[-1], result["test"][name]
+        lines.append(f"| {NAMES.get(name, name)} | {last['step']:,} | {last['tokens_per_s']:,.0f} | "
+                     f"{last['dev_loss']:.3f} | {test['last']['bleu']:.2f} | {test['averaged']['bleu']:.2f} | "
+                     f"{test['averaged']['length_ratio']:.2f} |")
+    lines.append(f"| copy the source | | | | {base['copy_bleu']:.2f} | | {base['copy_length_ratio']:.2f} |")
+    lines.append(f"| translation memory | | | | {base['memory_bleu']:.2f} | | {base['memory_length_ratio']:.2f} |")
+    signature = next(iter(result["test"].values()))["averaged"]["signature"]
+    return "\n".join(lines) + f"\n\nsacreBLEU signature: `{signature}`\n"
+
+
+def examples(result: dict, prepared: data.Prepared, out: Path, n: int = 10) -> str:
+    """``n`` test sentences spread over the set: source, reference and each system's averaged translation."""
+    hyps = {name: (out / "runs" / name / "test-averaged.de").read_text().splitlines() for name in result["runs"]}
+    count = min(len(h) for h in hyps.values())
+    rows = []
+    for i in range(0, count, max(1, count // n))[:n]:
+        rows.append(f"- **en** {prepared.test.sources[i]}\n  - **reference** {prepared.test.targets[i]}")
+        rows += [f"  - **{NAMES.get(name, name)}** {h[i]}" for name, h in hyps.items()]
+    return "\n".join(rows) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    """Dev BLEU (greedy, on the first dev sentences) against training minutes, one line per system, the dev
+    baselines as horizontal lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, runs in result["runs"].items():
+        ax.plot([r["train_s"] / 60 for r in runs], [r["dev_bleu_greedy"] for r in runs], marker="o", ms=3,
+                label=NAMES.get(name, name))
+    base = result["corpus"]["baselines"]["dev"]
+    ax.axhline(base["copy_bleu"], color="grey", ls=":", label="copy the source (whole dev set)")
+    ax.axhline(base["memory_bleu"], color="grey", ls="--", label="translation memory (whole dev set)")
+    ax.set_xlabel("training minutes (1 core, 1 thread each)")
+    ax.set_ylabel("dev BLEU, greedy")
+    ax.set_title(f"En→De, gettext catalogs: dev BLEU against training time\n{_machine()}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict, prepared: data.Prepared, out: Path) -> None:
+    """``translate-demo.md`` and ``translate-demo.png`` in ``out``."""
+    plot(result, out / "translate-demo.png")
+    c, same = result["corpus"], result.get("same_checkpoint")
+    parts = [f"# Translation demo: En→De, {result['minutes']:g} minutes of training per system\n",
+             f"Machine: {_machine()}. Corpus: {c['read']:,} catalog pairs read, cleaning {c['cleaning']}, "
+             f"split {c['split']}; near-duplicate rate (a training source ≥ 90% similar) dev "
+             f"{c['baselines']['dev']['near_duplicate_rate_90']:.1%}, test "
+             f"{c['baselines']['test']['near_duplicate_rate_90']:.1%}.\n", table(result)]
+    if same:
+        parts.append(f"One checkpoint ({same.get('checkpoint', 'torch, averaged')}) translated greedily by the three "
+                     f"backends, first {same['sentences']} test sentences: identical text in all three for "
+                     f"{same['identical_all_three']}; equal to the reference's exact decoding "
+                     f"{same['equal_to_reference']}; on the {same['decisive']} decisive sentences (every decision's "
+                     f"margin above twice the logits tolerance {same['tolerance']:.3g}) "
+                     f"{same['decisive_equal_to_reference']}.\n")
+    parts += ["![dev BLEU against minutes](translate-demo.png)\n", "## Ten test translations (averaged checkpoints)\n",
+              examples(result, prepared, out)]
+    (out / "translate-demo.md").write_text("\n".join(parts))

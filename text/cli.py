@@ -78,15 +78,17 @@ def cmd_train(a: argparse.Namespace) -> None:
 
 
 def _model(a: argparse.Namespace):
+    """(impl module, model, tokenizer); the weights' config and the tokenizer are checked before the framework
+    is imported."""
+    tokenizer = Tokenizer.load(a.tokenizer or Path(a.weights).parent / "tokenizer.model",
+                               spec.weights_io.read_config(a.weights))
     T = load_backend(a.backend, a.threads, a.cores)
-    model = T.load_weights(a.weights)
-    tokenizer_path = a.tokenizer or Path(a.weights).parent / "tokenizer.model"
-    return T, model, Tokenizer.load(tokenizer_path, model.config)
+    return T, T.load_weights(a.weights), tokenizer
 
 
 def cmd_translate(a: argparse.Namespace) -> None:
     T, model, tokenizer = _model(a)
-    lines = (open(a.input, encoding="utf-8") if a.input else sys.stdin).read().splitlines()
+    lines = corpus.read_lines(a.input) if a.input else corpus.read_lines("<stdin>", sys.stdin.buffer.read())
     sentences = [corpus.normalize_whitespace(line) for line in lines]
     for line in translate(T, model, tokenizer, sentences, beam_size=a.beam):
         print(line)

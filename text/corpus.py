@@ -47,16 +47,17 @@ class Read:
 
 # ----------------------------------------------------------------- readers
 
-def _lines(path: str | os.PathLike) -> list[str]:
-    """The lines of a UTF-8 text file, without their line ends.
+def read_lines(path: str | os.PathLike, data: bytes | None = None) -> list[str]:
+    """The lines of a UTF-8 text file (or of ``data`` read elsewhere, stdin say, named ``path``), without their
+    line ends.
 
     Raises:
         ValueError: naming the file if it is missing, and the file and line if a line is not UTF-8.
     """
     path = Path(path)
-    if not path.is_file():
+    if data is None and not path.is_file():
         raise ValueError(f"{path}: no such file")
-    lines = path.read_bytes().split(b"\n")
+    lines = (path.read_bytes() if data is None else data).split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()                                   # the newline that ends the last line
     out = []
@@ -73,9 +74,12 @@ def read_parallel(source_path: str | os.PathLike, target_path: str | os.PathLike
     """Two plain UTF-8 files with one sentence per line, aligned by line.
 
     Raises:
-        ValueError: a missing or non-UTF-8 file (naming file and line), or line counts that differ (naming both).
+        ValueError: a missing, empty or non-UTF-8 file (naming file and line), or line counts that differ (naming
+            both).
     """
-    src, tgt = _lines(source_path), _lines(target_path)
+    src, tgt = read_lines(source_path), read_lines(target_path)
+    if not src:
+        raise ValueError(f"{source_path}: empty corpus (no line)")
     if len(src) != len(tgt):
         raise ValueError(f"{source_path} has {len(src)} lines and {target_path} has {len(tgt)}: a parallel corpus "
                          "needs one target line per source line")
@@ -86,10 +90,13 @@ def read_tsv(path: str | os.PathLike) -> Read:
     """One pair per line: source TAB target (UTF-8).
 
     Raises:
-        ValueError: a missing or non-UTF-8 file, or a line without exactly one tab (naming file and line).
+        ValueError: a missing, empty or non-UTF-8 file, or a line without exactly one tab (naming file and line).
     """
+    lines = read_lines(path)
+    if not lines:
+        raise ValueError(f"{path}: empty corpus (no line)")
     pairs = []
-    for i, line in enumerate(_lines(path), 1):
+    for i, line in enumerate(lines, 1):
         fields = line.split("\t")
         if len(fields) != 2:
             raise ValueError(f"{path}:{i}: expected source<TAB>target, found {len(fields)} tab-separated fields")

@@ -28,6 +28,7 @@ def test_parallel_files_give_pairs_with_their_origin(tmp_path):
     (lambda d: (d / "missing.en", _write(d / "b.de", "x\n")), "missing.en: no such file"),
     (lambda d: (_write(d / "a.en", "x\ny\n"), _write(d / "b.de", "x\n")), "has 2 lines and"),
     (lambda d: (_write(d / "a.en", "x\n"), _write(d / "b.de", b"ok\nGr\xfc\xdfe\n")), "b.de:2: not UTF-8 (byte 0xfc"),
+    (lambda d: (_write(d / "a.en", ""), _write(d / "b.de", "")), "a.en: empty corpus"),
 ])
 def test_parallel_files_refuse_bad_input_naming_file_and_line(tmp_path, make, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):

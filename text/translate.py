@@ -45,6 +45,14 @@ def source_ids(tokenizer: Tokenizer, sentences: Sequence[str], max_len: int, tru
     return [row[:max_len - 1] + [tokenizer.eos_id] for row in ids]
 
 
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarray:
+    """Rows of ids right-padded with ``pad_id`` to the longest: (B, S) int64."""
+    out = np.full((len(rows), max(map(len, rows))), pad_id, np.int64)
+    for r, row in enumerate(rows):
+        out[r, :len(row)] = row
+    return out
+
+
 def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequence[str], *,
               beam_size: int = BEAM_SIZE, alpha: float = ALPHA, batch_size: int = BATCH, truncate: bool = False
               ) -> list[str]:
@@ -63,9 +71,7 @@ def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequen
     out: list[str] = [""] * len(rows)
     for start in range(0, len(rows), batch_size):
         idx = order[start:start + batch_size]
-        src = np.full((len(idx), max(len(rows[i]) for i in idx)), c.pad_id, np.int64)   # (B, S)
-        for r, i in enumerate(idx):
-            src[r, :len(rows[i])] = rows[i]
+        src = pad_rows([rows[i] for i in idx], c.pad_id)                                 # (B, S)
         # The paper's limit, source length + 50 (the API's default), where the model's max_len allows it.
         limit = None if src.shape[1] + 50 <= c.max_len else c.max_len
         if beam_size == 1:

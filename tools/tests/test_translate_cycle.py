@@ -15,7 +15,7 @@ import pytest
 import spec
 from text import agreement, corpus, data, evaluate, train
 from text.tokenizer import Tokenizer
-from text.translate import source_ids, translate
+from text.translate import pad_rows, source_ids, translate
 
 CONFIG = spec.preset("tiny", vocab_size=1000, d_model=64, n_heads=4, d_k=16, d_v=16, d_ff=256, max_len=128,
                      param_dtype="float32")
@@ -89,9 +89,7 @@ def test_every_backend_translates_the_checkpoint_as_the_reference_decides(run, p
     tokenizer = Tokenizer.load(out / "tokenizer.model", config)
     sentences = agreement.fitting(tokenizer, prepared.test.sources, CONFIG.max_len)[:AGREEMENT_SENTENCES]
     rows = source_ids(tokenizer, sentences, CONFIG.max_len)
-    src = np.full((len(rows), max(map(len, rows))), CONFIG.pad_id, np.int64)
-    for i, r in enumerate(rows):
-        src[i, :len(r)] = r
+    src = pad_rows(rows, CONFIG.pad_id)                                                     # (B, S)
     ref = agreement.reference_greedy(config, params, src)
     got = translate(T, model, tokenizer, sentences, beam_size=1)
     want = tokenizer.decode(ref.tokens)

@@ -128,11 +128,13 @@ def text(session: nox.Session) -> None:
 @nox.session
 def translate_demo(session: nox.Session) -> None:
     """English -> German from the system's gettext catalogs in every backend and the torch peer
-    (``tools.translate_demo``); a run at the default budget also copies its report to docs/translate/."""
+    (``tools.translate_demo``); a run with the defaults also copies its report to docs/translate/ and rewrites the
+    README's section."""
     session.install(*CONSTRAINTS, *TEXT, "matplotlib")
-    out = REPORTS / "translate"
-    session.run("python", "-m", "tools.translate_demo", "--out", str(out), *session.posargs)
-    if not session.posargs:
+    out, full = REPORTS / "translate", not session.posargs
+    readme = ["--readme", str(ROOT / "README.md")] if full else []
+    session.run("python", "-m", "tools.translate_demo", "--out", str(out), *readme, *session.posargs)
+    if full:
         docs = ROOT / "docs" / "translate"
         docs.mkdir(parents=True, exist_ok=True)
         for name in ("translate-demo.md", "translate-demo.png", "translate-demo.json"):

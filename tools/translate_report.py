@@ -70,13 +70,19 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(result: dict, prepared: data.Prepared, out: Path) -> None:
-    """``translate-demo.md`` and ``translate-demo.png`` in ``out``."""
+def write(result: dict, prepared: data.Prepared, out: Path, readme: Path | None = None) -> None:
+    """``translate-demo.md`` and ``translate-demo.png`` in ``out``; with ``readme``, its section between the
+    ``translate:begin`` and ``translate:end`` markers rewritten from the same figures (images from docs/translate/)."""
     plot(result, out / "translate-demo.png")
     c, same = result["corpus"], result.get("same_checkpoint")
+    removed = ", ".join(f"{k} {v:,}" for k, v in c["cleaning"].items() if k not in ("whitespace", "kept"))
+    skipped = sum(c["skipped"].values())
     parts = [f"# Translation demo: En→De, {result['minutes']:g} minutes of training per system\n",
-             f"Machine: {_machine()}. Corpus: {c['read']:,} catalog pairs read, cleaning {c['cleaning']}, "
-             f"split {c['split']}; near-duplicate rate (a training source ≥ 90% similar) dev "
+             f"Machine: {_machine()}. Corpus: {c['read']:,} catalog pairs read ({skipped} strings outside their "
+             f"catalog's charset left out); whitespace normalised in {c['cleaning']['whitespace']:,}; removed: "
+             f"{removed}; kept {c['cleaning']['kept']:,}; split train {c['split']['train']:,}, dev "
+             f"{c['split']['dev']:,}, test {c['split']['test']:,} by near-duplicate group; near-duplicate rate "
+             f"(a training source ≥ 90% similar) dev "
              f"{c['baselines']['dev']['near_duplicate_rate_90']:.1%}, test "
              f"{c['baselines']['test']['near_duplicate_rate_90']:.1%}.\n", table(result)]
     if same:
@@ -86,6 +92,12 @@ def write(result: dict, prepared: data.Prepared, out: Path) -> None:
                      f"{same['equal_to_reference']}; on the {same['decisive']} decisive sentences (every decision's "
                      f"margin above twice the logits tolerance {same['tolerance']:.3g}) "
                      f"{same['decisive_equal_to_reference']}.\n")
-    parts += ["![dev BLEU against minutes](translate-demo.png)\n", "## Ten test translations (averaged checkpoints)\n",
+    parts += ["![dev BLEU against minutes](translate-demo.png)\n", "### Ten test translations (averaged checkpoints)\n",
               examples(result, prepared, out)]
     (out / "translate-demo.md").write_text("\n".join(parts))
+    if readme is not None:
+        body = "\n".join(parts[1:]).replace("](translate-demo.png)", "](docs/translate/translate-demo.png)")
+        text = readme.read_text()
+        head, rest = text.split("<!-- translate:begin -->", 1)
+        readme.write_text(f"{head}<!-- translate:begin -->\n\n{body}\n<!-- translate:end -->"
+                          f"{rest.split('<!-- translate:end -->', 1)[1]}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import subprocess
@@ -155,8 +156,8 @@ def _adam_beta2_0999(params, grads, state, d_model, tc, *args, **kwargs):
                                              *args, **kwargs)
 
 
-def _schedule_without_warmup(step, d_model, warmup_steps):
-    return d_model ** -0.5 * step ** -0.5
+def _schedule_without_warmup(step, d_model, warmup_steps, scale=1.0):
+    return scale * d_model ** -0.5 * step ** -0.5
 
 
 _original_training = {name: getattr(training, name) for name in (
@@ -199,7 +200,20 @@ def apply(name: str) -> None:
     patches = MUTANTS[name] if isinstance(MUTANTS[name][0], tuple) else (MUTANTS[name],)
     for target, fn in patches:
         prefix, _, attr = target.rpartition(".")
-        setattr({"": ref, "search": search, "training": training}[prefix], attr, fn)
+        module = {"": ref, "search": search, "training": training}[prefix]
+        _check_signature(name, getattr(module, attr), fn)
+        setattr(module, attr, fn)
+
+
+def _check_signature(name, original, mutant) -> None:
+    # A mutant that cannot be called as the original is "caught" by a TypeError, not by the suite.
+    params = inspect.signature(original).parameters.values()
+    positional = [None] * sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    keywords = {p.name: None for p in params if p.kind is p.KEYWORD_ONLY}
+    try:
+        inspect.signature(mutant).bind(*positional, **keywords)
+    except TypeError as e:
+        raise ValueError(f"mutant {name!r} does not take the arguments of {original.__qualname__}: {e}") from None
 
 
 def run(name: str, report_dir: Path) -> list[str]:

@@ -147,7 +147,8 @@ def test_policy_fails_padding_counted_in_the_loss(case, monkeypatch):
 
 
 def test_policy_fails_no_warmup(case, monkeypatch):
-    monkeypatch.setattr(training, "learning_rate", lambda step, d_model, warmup, scale=1.0: scale * d_model ** -0.5 * step ** -0.5)
+    monkeypatch.setattr(training, "learning_rate",
+                        lambda step, d_model, warmup, scale=1.0: scale * d_model ** -0.5 * step ** -0.5)
     assert {"params_1", f"params_{golden_training.STEPS}"} <= _failures(case, _run(case))
 
 

@@ -54,3 +54,24 @@ def test_the_learning_rate_scale_is_applied(load_model, record):
     got = load_model(c, params).train(batches, tc, record_after=())["loss"]                   # (10,)
     record({"loss_curve_lr_scale": tolerance.judge_gradient(got, exact,
                                                             tolerance.error_stats(faithful, exact, "float32"))})
+
+
+# (B, S, T) per step: the second shape makes a shape-polymorphic trace, and one-row batches follow, as the
+# last batch of a length bucket gives in real training.
+SHAPES = ((4, 9, 8), (1, 9, 8), (2, 5, 12), (1, 16, 4), (3, 9, 8), (1, 4, 5))
+
+
+def test_training_on_batches_of_changing_shape_follows_the_spec(load_model, record):
+    """Mixed precision, one batch shape per step (``SHAPES``): every step's loss against the spec's trajectory."""
+    c = TINY.replace(dtype="bfloat16", param_dtype="float32", dropout=0.0)
+    params, rng = golden_cases.make_params(c, 31), np.random.default_rng(5)
+    batches = []
+    for B, S, T in SHAPES:
+        case = golden_training.TrainCase("shapes", "tiny", c.dtype, 31, B, S, T, (1.0, 1), (1.0, 1))
+        b = golden_training.make_batches(c, case, rng)
+        batches.append((b["src"][0], b["tgt_in"][0], b["tgt_out"][0]))
+    exact, faithful = (np.array(golden_training.trajectory(params, batches, c, TRAIN, nx)["loss"])
+                       for nx in (Numerics("exact"), Numerics(c.dtype)))
+    got = load_model(c, params).train(batches, TRAIN, record_after=())["loss"]              # (len(SHAPES),)
+    record({"loss_changing_shapes": tolerance.judge_gradient(got, exact,
+                                                             tolerance.error_stats(faithful, exact, c.dtype))})

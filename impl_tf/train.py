@@ -31,13 +31,11 @@ import numpy as np
 import tensorflow as tf
 
 from impl_tf.layers import Dropout
-from impl_tf.model import IDS, Transformer, pad_ids
+from impl_tf.model import Transformer, pad_ids
 from spec import shapes, training, validate
 from spec import train_state_io as spec_io
 from spec.recording import recording
 from spec.training import TrainConfig
-
-SCALAR = tf.TensorSpec([], tf.float32)
 
 
 class TrainState(tf.Module):
@@ -91,10 +89,8 @@ def loss_and_gradients(model: Transformer, src, tgt_in, tgt_out, label_smoothing
             a tgt_out shape other than tgt_in's, every target ``pad_id``); before anything is computed.
     """
     batch = _batch(model, "loss_and_gradients", src, tgt_in, tgt_out)
-    if "loss_and_gradients" not in model._loops:
-        model._loops["loss_and_gradients"] = tf.function(
-            functools.partial(_loss_and_gradients, model), input_signature=[IDS, IDS, IDS, SCALAR], jit_compile=True)
-    loss, grads = model._loops["loss_and_gradients"](*batch, tf.constant(label_smoothing, tf.float32))
+    loss, grads = _compiled(model, "loss_and_gradients", _loss_and_gradients, batch)(
+        *batch, tf.constant(label_smoothing, tf.float32))
     return loss, dict(zip(model.parameters(), grads, strict=True))
 
 
@@ -114,13 +110,9 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
     """
     _check_state(model, state)
     batch = _batch(model, "train_step", src, tgt_in, tgt_out)
-    if "train_step" not in model._loops:
-        # No input_signature can name the moment variables; reduce_retracing makes the second shape's trace
-        # shape-polymorphic, so the buckets share it.
-        model._loops["train_step"] = tf.function(functools.partial(_train_step, model), jit_compile=True,
-                                                 reduce_retracing=True)
-    loss = model._loops["train_step"](*batch, state.rng.make_seeds(1)[:, 0], _hyper(model, state),
-                                      list(state.m.values()), list(state.v.values()))
+    loss = _compiled(model, "train_step", _train_step, batch)(*batch, state.rng.make_seeds(1)[:, 0],
+                                                              _hyper(model, state), list(state.m.values()),
+                                                              list(state.v.values()))
     state.step.assign_add(1)
     return loss, model, state
 
@@ -167,6 +159,17 @@ def _batch(model: Transformer, function: str, src, tgt_in, tgt_out) -> tuple[tf.
     Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
     model._compiling(function, (Bb, Sb, Tb), f"batch {Bb}, source length {Sb}, target length {Tb} (buckets)")
     return pad_ids(src, Bb, Sb, c.pad_id), pad_ids(tgt_in, Bb, Tb, c.pad_id), pad_ids(tgt_out, Bb, Tb, c.pad_id)
+
+
+def _compiled(model: Transformer, function: str, fn, batch: tuple[tf.Tensor, ...]
+              ) -> tf.types.experimental.PolymorphicFunction:
+    """``fn`` bound to ``model``, traced and compiled once per bucket of ``batch``. Not one shape-polymorphic trace:
+    XLA compiles each shape anyway, and the gradient of a polymorphic trace's bf16 product (``impl_tf.layers``'s
+    ``tf.cond`` on the row count) fails in XLA's dynamic padder for a one-row batch."""
+    key = (function, *(tuple(x.shape) for x in batch))
+    if key not in model._loops:
+        model._loops[key] = tf.function(functools.partial(fn, model), jit_compile=True)
+    return model._loops[key]
 
 
 def _check_state(model: Transformer, state: TrainState) -> None:

@@ -166,7 +166,7 @@ def _compiled(model: Transformer, function: str, fn, batch: tuple[tf.Tensor, ...
     """``fn`` bound to ``model``, traced and compiled once per bucket of ``batch``. Not one shape-polymorphic trace:
     XLA compiles each shape anyway, and the gradient of a polymorphic trace's bf16 product (``impl_tf.layers``'s
     ``tf.cond`` on the row count) fails in XLA's dynamic padder for a one-row batch."""
-    key = (function, *(tuple(x.shape) for x in batch))
+    key = f"{function} {' '.join(str(tuple(x.shape)) for x in batch)}"  # a str: tf.Module sorts the table's keys
     if key not in model._loops:
         model._loops[key] = tf.function(functools.partial(fn, model), jit_compile=True)
     return model._loops[key]

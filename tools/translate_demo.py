@@ -2,7 +2,8 @@
 small model trained for the same time in each backend and in the stock ``torch.nn.Transformer`` peer, all from
 the same prepared corpus, tokenizer, batches and schedule; test BLEU (beam 4, length penalty 0.6) of each run's
 last and averaged checkpoints beside the copy and translation-memory baselines; one checkpoint translated by
-every backend, compared where the decisions' margins allow; a plot of dev BLEU against training minutes.
+every backend (its test BLEU in each, and the greedy output compared where the decisions' margins allow); a
+plot of dev BLEU against training minutes.
 
     python -m tools.translate_demo --minutes 30 --out reports/translate         # the full demo
     python -m tools.translate_demo --minutes 2 --systems jax --parallel 1       # a quick look
@@ -26,6 +27,7 @@ from text import agreement, corpus, data
 from text.tokenizer import Tokenizer
 
 SYSTEMS = {"torch": "torch", "jax": "jax", "tf": "tf", "peer": "tools.peer_torch"}
+BACKENDS = ("torch", "jax", "tf")
 SAME_CHECKPOINT = "torch"         # whose averaged checkpoint every backend translates
 
 
@@ -63,16 +65,21 @@ def train_all(systems: list[str], out: Path, minutes: float, parallel: int, extr
 
 
 def evaluate_all(systems: list[str], out: Path, limit: int | None) -> dict[str, dict]:
-    """Test BLEU, beam 4, of each run's averaged and last checkpoints, each by its own backend, two at once."""
+    """Test BLEU, beam 4, of each run's averaged and last checkpoints, each by its own backend, and of the
+    ``SAME_CHECKPOINT`` run's averaged checkpoint by the other backends ("averaged by jax"), two jobs at once."""
     jobs = []
     for name in systems:
         run = out / "runs" / name
         last = run / json.loads((run / "log.jsonl").read_text().splitlines()[-1])["checkpoint"] / "model.safetensors"
-        for kind, weights in (("averaged", run / "averaged.safetensors"), ("last", last)):
-            args = ["evaluate", "--backend", SYSTEMS[name], "--weights", str(weights), "--tokenizer",
+        kinds = [("averaged", run / "averaged.safetensors", SYSTEMS[name]), ("last", last, SYSTEMS[name])]
+        if name == SAME_CHECKPOINT:
+            kinds += [(f"averaged by {b}", run / "averaged.safetensors", b) for b in BACKENDS if b != name]
+        for kind, weights, backend in kinds:
+            args = ["evaluate", "--backend", backend, "--weights", str(weights), "--tokenizer",
                     str(run / "tokenizer.model"), "--data", str(out / "data"), "--split", "test",
-                    "--hypotheses", str(run / f"test-{kind}.de"), *(["--limit", str(limit)] if limit else [])]
-            jobs.append(((name, kind), args, run / f"evaluate-{kind}.log"))
+                    "--hypotheses", str(run / f"test-{kind.replace(' ', '-')}.de"),
+                    *(["--limit", str(limit)] if limit else [])]
+            jobs.append(((name, kind), args, run / f"evaluate-{kind.replace(' ', '-')}.log"))
     results: dict[str, dict] = {}
     for i in range(0, len(jobs), 2):
         procs = [(key, _text(*args, "--cores", str(j % 2), log=log), log)
@@ -103,7 +110,7 @@ def same_checkpoint(out: Path, prepared: data.Prepared, n: int) -> dict:
     want = np.array(tokenizer.decode(ref.tokens), dtype=object)
     texts = {}
     load_backend("torch", threads=1)                                   # the thread settings, before any import
-    for name in ("torch", "jax", "tf"):
+    for name in BACKENDS:
         T = importlib.import_module(f"impl_{name}")
         model = T.load_weights(run / "averaged.safetensors")
         texts[name] = np.array(translate(T, model, tokenizer, sentences, beam_size=1), dtype=object)
@@ -137,6 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
                        for s in systems}}
     if SAME_CHECKPOINT in systems:
         result["same_checkpoint"] = same_checkpoint(a.out, prepared, a.agreement_sentences)
+        own = result["test"][SAME_CHECKPOINT]
+        result["same_checkpoint"]["test_bleu"] = {b: own["averaged" if b == SAME_CHECKPOINT else f"averaged by {b}"]
+                                                  ["bleu"] for b in BACKENDS}
     result["wall_s"] = round(time.time() - start)
     (a.out / "translate-demo.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
     from tools import translate_report

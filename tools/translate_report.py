@@ -85,6 +85,9 @@ def write(result: dict, prepared: data.Prepared, out: Path, readme: Path | None 
              f"(a training source ≥ 90% similar) dev "
              f"{c['baselines']['dev']['near_duplicate_rate_90']:.1%}, test "
              f"{c['baselines']['test']['near_duplicate_rate_90']:.1%}.\n", table(result)]
+    if same and "test_bleu" in same:
+        figures = ", ".join(f"{b} {bleu:.2f}" for b, bleu in same["test_bleu"].items())
+        parts.append(f"Test BLEU (beam 4) of one checkpoint ({same['checkpoint']}) in each backend: {figures}.\n")
     if same:
         parts.append(f"One checkpoint ({same.get('checkpoint', 'torch, averaged')}) translated greedily by the three "
                      f"backends, first {same['sentences']} test sentences: identical text in all three for "

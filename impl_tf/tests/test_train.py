@@ -285,6 +285,19 @@ def test_model_learns_a_copy_task(model_bf16, params_bf16):
     assert np.isfinite(losses).all() and losses[-1] < 0.5 * losses[0]
 
 
+def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16, params_bf16, tmp_path):
+    """``tf.Module`` walks every attribute, the compiled functions' table too, to list variables (``parameters``,
+    ``save_weights``): decoding, then a training step of a new shape, must leave that walk working."""
+    src, tgt_in, tgt_out = _copy_task()
+    _restore(model_bf16, params_bf16)
+    impl_tf.greedy_search(model_bf16, src, max_new_tokens=3)
+    state = impl_tf.init_train_state(model_bf16, TC, seed=0)
+    impl_tf.train_step(model_bf16, state, src[:1], tgt_in[:1], tgt_out[:1])
+    assert list(model_bf16.parameters()) == list(params_bf16)
+    impl_tf.save_weights(model_bf16, tmp_path / "model.safetensors")
+    _restore(model_bf16, params_bf16)
+
+
 # ----------------------------------------------------------------- the train-state file
 
 def test_save_and_load_continue_bit_for_bit(model_bf16, params_bf16, tmp_path):

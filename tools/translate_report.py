@@ -89,12 +89,15 @@ def write(result: dict, prepared: data.Prepared, out: Path, readme: Path | None 
         figures = ", ".join(f"{b} {bleu:.2f}" for b, bleu in same["test_bleu"].items())
         parts.append(f"Test BLEU (beam 4) of one checkpoint ({same['checkpoint']}) in each backend: {figures}.\n")
     if same:
-        parts.append(f"One checkpoint ({same.get('checkpoint', 'torch, averaged')}) translated greedily by the three "
-                     f"backends, first {same['sentences']} test sentences: identical text in all three for "
-                     f"{same['identical_all_three']}; equal to the reference's exact decoding "
-                     f"{same['equal_to_reference']}; on the {same['decisive']} decisive sentences (every decision's "
-                     f"margin above twice the logits tolerance {same['tolerance']:.3g}) "
-                     f"{same['decisive_equal_to_reference']}.\n")
+        def counts(d: dict) -> str:
+            return ", ".join(f"{k} {v}" for k, v in d.items())
+        parts.append(f"One checkpoint ({same['checkpoint']}) translated greedily by the three backends, first "
+                     f"{same['sentences']} test sentences: identical text in all three for "
+                     f"{same['identical_all_three']}; equal to the reference's exact decoding: "
+                     f"{counts(same['equal_to_reference'])}. Decisive sentences (every decision's margin above twice "
+                     f"the logits tolerance, {same['tolerance']:.3g}, so that a conformant backend must decode them "
+                     f"as the reference does): {same['decisive']}, equal to the reference: "
+                     f"{counts(same['decisive_equal_to_reference']) if same['decisive'] else '-'}.\n")
     parts += ["![dev BLEU against minutes](translate-demo.png)\n", "### Ten test translations (averaged checkpoints)\n",
               examples(result, prepared, out)]
     (out / "translate-demo.md").write_text("\n".join(parts))

@@ -31,13 +31,6 @@ if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
 NEG_INF = float("-inf")
 
 
-def _compiled(model: Transformer, key: str, loop, signature) -> tf.types.experimental.PolymorphicFunction:
-    """``loop`` bound to ``model``, compiled once per model and key (traced once per signature)."""
-    if key not in model._loops:
-        model._loops[key] = tf.function(functools.partial(loop, model), input_signature=signature, jit_compile=True)
-    return model._loops[key]
-
-
 def _padded(model: Transformer, function: str, src: np.ndarray, limits: np.ndarray) -> tuple[tf.Tensor, ...]:
     """src (B, S) and limits (B,) padded to buckets: src (B', S') int32, limits (B',) int32 (1 for an added row),
     and a (B', P) ``pad_id``-filled output whose P, the bucket of the longest limit, fixes the cache capacity.
@@ -99,7 +92,7 @@ def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) ->
     src, c = np.asarray(src), model.config
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
-    loop = _compiled(model, "greedy", _greedy_loop, [IDS, tf.TensorSpec([None], tf.int32), IDS])
+    loop = model._compiled("greedy", _greedy_loop, [IDS, tf.TensorSpec([None], tf.int32), IDS])
     out, steps = loop(*_padded(model, "greedy_search", src, limits))
     return tf.cast(out[:len(src), :int(steps)], tf.int64)
 
@@ -169,7 +162,7 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     validate.check_beam(beam_size, alpha, limits)
     beam_size, alpha = int(beam_size), float(alpha)
     signature = [IDS, tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float64), IDS]
-    loop = _compiled(model, f"beam_{beam_size}", functools.partial(_beam_loop, k=beam_size), signature)
+    loop = model._compiled(f"beam_{beam_size}", functools.partial(_beam_loop, k=beam_size), signature)
     padded_src, padded_limits, seq = _padded(model, f"beam_search (beam {beam_size})", src, limits)
     fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(
         padded_src, padded_limits, tf.constant(alpha, tf.float64), seq))

@@ -172,7 +172,7 @@ class Transformer(tf.Module):
         self.embedding = Embedding(config, params)
         self.encoder = Encoder(config, params, self.embedding)
         self.decoder = Decoder(config, params, self.embedding)
-        self._loops = {}  # compiled generation loops and training steps, by kind (impl_tf.generate, .train)
+        self._loops = {}  # compiled searches and training steps by str key (_compiled; impl_tf.generate, .train)
         self._shapes = set()  # (function, shape) pairs dispatched so far: XLA compiled each once
         compile_ = functools.partial(tf.function, jit_compile=True)
         self._encode = compile_(lambda src: self.encoder(src), input_signature=[IDS])
@@ -194,6 +194,13 @@ class Transformer(tf.Module):
         if (function, shape) not in self._shapes:
             self._shapes.add((function, shape))
             logger.info("impl_tf: compiling %s for %s", function, detail)
+
+    def _compiled(self, key: str, fn, signature=None) -> tf.types.experimental.PolymorphicFunction:
+        """``fn`` bound to this model, XLA-compiled once per str ``key`` (traced once per ``signature``, or per
+        shape without one). A str: ``tf.Module`` sorts the table's keys when it lists the variables."""
+        if key not in self._loops:
+            self._loops[key] = tf.function(functools.partial(fn, self), input_signature=signature, jit_compile=True)
+        return self._loops[key]
 
     def parameters(self) -> dict[str, tf.Variable]:
         """Canonical parameter name -> tf.Variable (the shared embedding once), in ``spec.schema`` order."""

@@ -22,7 +22,6 @@ batch's own (up to the order of fp32 sums); each new bucket logs one line at INF
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import warnings
@@ -163,13 +162,10 @@ def _batch(model: Transformer, function: str, src, tgt_in, tgt_out) -> tuple[tf.
 
 def _compiled(model: Transformer, function: str, fn, batch: tuple[tf.Tensor, ...]
               ) -> tf.types.experimental.PolymorphicFunction:
-    """``fn`` bound to ``model``, traced and compiled once per bucket of ``batch``. Not one shape-polymorphic trace:
-    XLA compiles each shape anyway, and the gradient of a polymorphic trace's bf16 product (``impl_tf.layers``'s
-    ``tf.cond`` on the row count) fails in XLA's dynamic padder for a one-row batch."""
-    key = f"{function} {' '.join(str(tuple(x.shape)) for x in batch)}"  # a str: tf.Module sorts the table's keys
-    if key not in model._loops:
-        model._loops[key] = tf.function(functools.partial(fn, model), jit_compile=True)
-    return model._loops[key]
+    """``fn`` compiled for the buckets of ``batch``. Not one shape-polymorphic trace: XLA compiles each shape anyway,
+    and the gradient of a polymorphic trace's bf16 product (``impl_tf.layers``'s ``tf.cond`` on the row count) fails
+    in XLA's dynamic padder for a one-row batch."""
+    return model._compiled(f"{function} {' '.join(str(tuple(x.shape)) for x in batch)}", fn)
 
 
 def _check_state(model: Transformer, state: TrainState) -> None:

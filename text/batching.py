@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spec import shapes
+from spec import shapes, validate
 from spec.config import Config
 
 
@@ -118,9 +118,9 @@ class TokenBatches:
     def __init__(self, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], config: Config,
                  tokens_per_batch: int, *, seed: int = 0, length_buckets: Sequence[int] | None = None,
                  pow2_batch: bool = True):
-        if not _is_int(tokens_per_batch) or tokens_per_batch < 1:
+        if not validate.is_int(tokens_per_batch) or tokens_per_batch < 1:
             raise ValueError(f"TokenBatches: tokens_per_batch must be an int >= 1, got {tokens_per_batch!r}")
-        if not _is_int(seed) or seed < 0:
+        if not validate.is_int(seed) or seed < 0:
             raise ValueError(f"TokenBatches: seed must be an int >= 0, got {seed!r}")
         src, tgt = examples(src_ids, tgt_ids, config)
         if not src:
@@ -148,7 +148,7 @@ class TokenBatches:
         Raises:
             ValueError: if ``e`` is not an int >= 0.
         """
-        if not _is_int(e) or e < 0:
+        if not validate.is_int(e) or e < 0:
             raise ValueError(f"TokenBatches.epoch: the epoch must be an int >= 0, got {e!r}")
         if self._cached is None or self._cached[0] != e:
             rng = np.random.default_rng((self.seed, e))              # its own generator: no global state
@@ -168,7 +168,7 @@ class TokenBatches:
         Raises:
             ValueError: if ``step`` is not an int >= 0.
         """
-        if not _is_int(step) or step < 0:
+        if not validate.is_int(step) or step < 0:
             raise ValueError(f"TokenBatches.batch: step must be an int >= 0, got {step!r}")
         e, k = divmod(step, self.batches_per_epoch)
         return self.arrays(self.epoch(e)[k])
@@ -251,11 +251,7 @@ def _check_buckets(buckets: Sequence[int] | None, max_len: int) -> tuple[int, ..
     if buckets is None:
         return tuple(default_buckets(max_len))
     b = tuple(buckets)
-    if not b or not all(_is_int(x) and 1 <= x <= max_len for x in b) or list(b) != sorted(set(b)):
+    if not b or not all(validate.is_int(x) and 1 <= x <= max_len for x in b) or list(b) != sorted(set(b)):
         raise ValueError(f"TokenBatches: length_buckets must be strictly increasing ints in [1, max_len={max_len}], "
                          f"got {list(b)}")
     return b
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

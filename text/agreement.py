@@ -17,6 +17,7 @@ from spec import reference, search, tolerance
 from spec.config import Config
 from spec.numerics import Numerics
 from text.tokenizer import Tokenizer
+from text.translate import pad_rows, source_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,15 @@ def reference_greedy(config: Config, params: dict[str, np.ndarray], src: np.ndar
     tol = tolerance.logits_tolerance_abs(tolerance.error_stats(got, want, config.dtype))
     margins = np.array([row.get("margin", np.inf) for row in trace["rows"]])
     return Decisions(tokens, margins, tol)
+
+
+def reference_translations(config: Config, params: dict[str, np.ndarray], tokenizer: Tokenizer,
+                           sentences: list[str]) -> tuple[Decisions, list[str]]:
+    """``reference_greedy`` of ``sentences`` (each within the search limit, ``fitting``), right-padded in input
+    order: -> (its decisions, its tokens detokenised)."""
+    src = pad_rows(source_ids(tokenizer, sentences, config.max_len), config.pad_id)          # (B, S)
+    ref = reference_greedy(config, params, src)
+    return ref, tokenizer.decode(ref.tokens)
 
 
 def fitting(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> list[str]:

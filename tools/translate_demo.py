@@ -98,16 +98,14 @@ def same_checkpoint(out: Path, prepared: data.Prepared, n: int) -> dict:
 
     from spec import weights_io
     from text.cli import load_backend
-    from text.translate import pad_rows, source_ids, translate
+    from text.translate import translate
 
     run = out / "runs" / SAME_CHECKPOINT
     config, params = weights_io.load_weights(run / "averaged.safetensors")
     tokenizer = Tokenizer.load(run / "tokenizer.model", config)
     sentences = agreement.fitting(tokenizer, prepared.test.sources, config.max_len)[:n]
-    rows = source_ids(tokenizer, sentences, config.max_len)
-    src = pad_rows(rows, config.pad_id)                                                     # (B, S)
-    ref = agreement.reference_greedy(config, params, src)
-    want = np.array(tokenizer.decode(ref.tokens), dtype=object)
+    ref, want = agreement.reference_translations(config, params, tokenizer, sentences)
+    want = np.array(want, dtype=object)
     texts = {}
     load_backend("torch", threads=1)                                   # the thread settings, before any import
     for name in BACKENDS:

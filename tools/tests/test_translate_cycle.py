@@ -15,7 +15,7 @@ import pytest
 import spec
 from text import agreement, corpus, data, evaluate, train
 from text.tokenizer import Tokenizer
-from text.translate import pad_rows, source_ids, translate
+from text.translate import translate
 
 CONFIG = spec.preset("tiny", vocab_size=1000, d_model=64, n_heads=4, d_k=16, d_v=16, d_ff=256, max_len=128,
                      param_dtype="float32")
@@ -88,11 +88,8 @@ def test_every_backend_translates_the_checkpoint_as_the_reference_decides(run, p
     model = T.load_weights(out / "averaged.safetensors", config)
     tokenizer = Tokenizer.load(out / "tokenizer.model", config)
     sentences = agreement.fitting(tokenizer, prepared.test.sources, CONFIG.max_len)[:AGREEMENT_SENTENCES]
-    rows = source_ids(tokenizer, sentences, CONFIG.max_len)
-    src = pad_rows(rows, CONFIG.pad_id)                                                     # (B, S)
-    ref = agreement.reference_greedy(config, params, src)
+    ref, want = agreement.reference_translations(config, params, tokenizer, sentences)
     got = translate(T, model, tokenizer, sentences, beam_size=1)
-    want = tokenizer.decode(ref.tokens)
     decisive = np.flatnonzero(ref.decisive)
     assert decisive.size >= (0.8 * len(sentences) if dtype == "float32" else 1), (decisive.size, ref.tolerance)
     assert [got[i] for i in decisive] == [want[i] for i in decisive]

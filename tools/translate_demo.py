@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from text import agreement, corpus, data
+from text import agreement, cli, corpus, data
 from text.tokenizer import Tokenizer
 
 SYSTEMS = {"torch": "torch", "jax": "jax", "tf": "tf", "peer": "tools.peer_torch"}
-BACKENDS = ("torch", "jax", "tf")
+BACKENDS = tuple(cli.BACKENDS)   # torch, jax, tf
 SAME_CHECKPOINT = "torch"         # whose averaged checkpoint every backend translates
 
 
@@ -94,10 +94,7 @@ def same_checkpoint(out: Path, prepared: data.Prepared, n: int) -> dict:
     """The ``SAME_CHECKPOINT`` run's averaged weights translated greedily by every backend on the first ``n`` test
     sentences that get the paper's search limit, against the reference's exact decisions (``text.agreement``):
     on every decisive sentence all must give the reference's tokens."""
-    import importlib
-
     from spec import weights_io
-    from text.cli import load_backend
     from text.translate import translate
 
     run = out / "runs" / SAME_CHECKPOINT
@@ -107,9 +104,9 @@ def same_checkpoint(out: Path, prepared: data.Prepared, n: int) -> dict:
     ref, want = agreement.reference_translations(config, params, tokenizer, sentences)
     want = np.array(want, dtype=object)
     texts = {}
-    load_backend("torch", threads=1)                                   # the thread settings, before any import
+    cli.load_backend("torch", threads=1)                                   # the thread settings, before any import
     for name in BACKENDS:
-        T = importlib.import_module(f"impl_{name}")
+        T = cli.load_backend(name)
         model = T.load_weights(run / "averaged.safetensors")
         texts[name] = np.array(translate(T, model, tokenizer, sentences, beam_size=1), dtype=object)
     same = {name: t == want for name, t in texts.items()}                                    # (n,) bool each

@@ -29,8 +29,10 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # A backend exists once the conformance suite has an adapter for it.
 BACKENDS = [b for b in ("reference", "torch", "jax", "tf") if (ROOT / f"conformance/adapters/backend_{b}.py").exists()]
 PACKAGES = {"reference": [], "torch": ["./impl_torch"], "jax": ["./impl_jax"], "tf": ["./impl_tf[cpu]"]}
-PEERS = {"reference": [], "torch": [], "jax": ["flax"], "tf": []}  # the bench's stock peers; Keras ships with TF
-EXTRAS = {"impl_tf": "[cpu]"}  # impl_tf leaves the TensorFlow build to the user; CI takes the CPU one
+# impl_tf leaves the TensorFlow build to the user, CI takes the CPU one; the bench's extras are the stock peers.
+EXTRAS = {"impl_tf": "[cpu]", "bench": "[torch,jax,tf]"}
+# Installed beside a package for its tests: the bench's smoke checks run on every framework.
+BESIDE = {"bench": ["./impl_torch", "./impl_jax", "./impl_tf[cpu]"]}
 # One folder per nox invocation, so the combined report shows this run's backends only.
 REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
 
@@ -41,7 +43,7 @@ nox.options.sessions = ["conformance"]
 @nox.parametrize("backend", BACKENDS)
 def conformance(session: nox.Session, backend: str) -> None:
     """The conformance suite for one backend, in a virtualenv holding only that backend's framework."""
-    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]", *PACKAGES[backend], *PEERS[backend])
+    session.install(*CONSTRAINTS, "./spec", "./conformance", *PACKAGES[backend])
     session.notify("report")
     # --pyargs runs the installed suite against the installed packages, so packaging mistakes show.
     session.run("pytest", "--pyargs", "conformance", "--backend", backend, "--report-dir", str(REPORTS),
@@ -61,11 +63,11 @@ def report(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("framework", [b for b in BACKENDS if b != "reference"])
 def bench(session: nox.Session, framework: str) -> None:
-    """Speed of one framework's impl beside its stock peer (``conformance.bench.run``), in a virtualenv holding
-    only that framework; arguments after ``--`` go to the bench (``--device cuda``, ``--workloads forward``...)."""
-    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]", *PACKAGES[framework], *PEERS[framework])
+    """Speed of one framework's impl beside its stock peer (``bench.run``), in a virtualenv holding only that
+    framework; arguments after ``--`` go to the bench (``--device cuda``, ``--workloads forward``...)."""
+    session.install(*CONSTRAINTS, "./spec", f"./bench[{framework}]", *PACKAGES[framework])
     session.notify("bench_report")
-    session.run("python", "-m", "conformance.bench.run", "--framework", framework, "--out", str(REPORTS / "bench"),
+    session.run("python", "-m", "bench.run", "--framework", framework, "--out", str(REPORTS / "bench"),
                 *session.posargs)
 
 
@@ -75,8 +77,8 @@ def bench_report(session: nox.Session) -> None:
     files = sorted((REPORTS / "bench").glob("bench-*.json"))
     if not files:
         session.skip("no bench file from this run")
-    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]")
-    session.run("python", "-m", "conformance.bench.report", *map(str, files), "--out", str(REPORTS / "bench"),
+    session.install(*CONSTRAINTS, "./spec", "./bench")
+    session.run("python", "-m", "bench.report", *map(str, files), "--out", str(REPORTS / "bench"),
                 "--readme", str(ROOT / "README.md"))
 
 
@@ -100,7 +102,7 @@ def train_demo_report(session: nox.Session) -> None:
     files = [f for f in files if f.name != "train-demo.json"]
     if not files:
         session.skip("no training demo from this run")
-    session.install(*CONSTRAINTS, "./spec", "./conformance[bench]")
+    session.install(*CONSTRAINTS, "./spec", "./conformance", "matplotlib")
     session.run("python", "-m", "conformance.train_report", *map(str, files), "--out", str(REPORTS / "train_demo"))
 
 
@@ -142,10 +144,11 @@ def translate_demo(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("package", ["spec", "text", *[f"impl_{b}" for b in BACKENDS if b != "reference"]])
+@nox.parametrize("package", ["spec", "text", "bench", *[f"impl_{b}" for b in BACKENDS if b != "reference"]])
 def tests(session: nox.Session, package: str) -> None:
     """One package as a user gets it: its wheel (no file URL in its metadata) installed with its dependencies
-    from wheels alone, its unit tests, then the README's examples for it, run outside the repository."""
+    from wheels alone (and ``BESIDE``'s packages), its unit tests, then the README's examples for it, run outside
+    the repository."""
     tmp = Path(session.create_tmp()).resolve()  # absolute: the session leaves the repository below
     session.run("pip", "wheel", "--no-deps", "-q", "-w", str(tmp), "./spec", f"./{package}")
     wheels = {w.name.split("-")[0]: w for w in tmp.glob("*.whl")}
@@ -153,7 +156,8 @@ def tests(session: nox.Session, package: str) -> None:
         _check_metadata(session, wheel)
     main = wheels[f"aiayn_{package.removeprefix('impl_')}"]
     spec_wheel = [] if main == wheels["aiayn_spec"] else [str(wheels["aiayn_spec"])]
-    session.install(*CONSTRAINTS, *spec_wheel, f"{main}{EXTRAS.get(package, '')}", "pytest", "hypothesis")
+    session.install(*CONSTRAINTS, *spec_wheel, f"{main}{EXTRAS.get(package, '')}", *BESIDE.get(package, []),
+                    "pytest", "hypothesis")
     session.run("pytest", f"{package}/tests", "-p", "no:cacheprovider", *session.posargs)
     blocks = _readme_examples(package)
     session.chdir(tmp)  # the repository is not importable from here: the installed wheels are what runs

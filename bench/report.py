@@ -1,7 +1,7 @@
 """Merge the frameworks' bench files into one JSON, a Markdown report, one PNG chart per workload, and (after a
 full run) the README's speed section.
 
-    python -m conformance.bench.report reports/.../bench-*.json --out reports/.../ [--readme README.md]
+    python -m bench.report reports/.../bench-*.json --out reports/.../ [--readme README.md]
 
 Every ratio compares figures of the same run on the same machine. Utilisation is a forward's FLOP rate
 (``spec.flops``) over the same framework's own matrix-product rate in the same run (the ``matmul`` workload),

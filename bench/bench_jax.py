@@ -1,4 +1,4 @@
-"""The jax bench: ``impl_jax`` and Flax's stock Transformer parts (``flax.nnx``), for ``conformance.bench.run``.
+"""The jax bench: ``impl_jax`` and Flax's stock Transformer parts (``flax.nnx``), for ``bench.run``.
 
 Every function returns a subject (or a zero-argument call) whose methods return only once the device is done
 (``block_until_ready``; NumPy results are already on the host). Shapes: B batch, S source, T target length,
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import impl_jax
-from conformance.bench.common import TRAIN, clock, peer_learning_rate
+from bench.common import TRAIN, clock, peer_learning_rate
 from spec.config import Config
 
 

@@ -1,4 +1,4 @@
-"""The speed bench runs on this backend (``conformance.bench``): every workload at the ``tiny`` config, once.
+"""The speed bench runs on each framework (``bench``): every workload at the ``tiny`` config, once.
 
 It checks that the bench measures what it says (every workload recorded, the step counts asked for, the
 searches run their full length), not how fast: timings belong to ``nox -s bench``'s reports.
@@ -6,21 +6,22 @@ searches run their full length), not how fast: timings belong to ``nox -s bench`
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 
 import numpy as np
 import pytest
 
-from conformance.bench import report, run
-from conformance.bench.common import bench_params, inputs
+from bench import report, run
+from bench.common import bench_params, inputs
 from spec.config import TINY
 
 
 @pytest.fixture(scope="module")
-def bench_run(backend, tmp_path_factory):
+def bench_run(framework, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    fw = backend.name
+    fw = framework
     run.main(["--framework", fw, "--out", str(out), "--config", "tiny", "--repeats", "1", "--batch", "2",
               "--src-len", "5", "--tgt-len", "6", "--new-tokens", "3,9", "--lengths", "4,8", "--matmul", "8,8,8"])
     report.main([str(out / f"bench-{fw}.json"), "--out", str(out)])
@@ -68,13 +69,14 @@ def test_report_writes_tables_and_charts(bench_run):
         assert (out / f"bench-{workload}.png").stat().st_size > 0
 
 
-def test_searches_run_their_full_length(load_model):
+def test_searches_run_their_full_length(framework):
     """The bench's weights zero the EOS row: its logit is exactly 0 and the largest of the others is positive,
     so no hypothesis ends early and tokens per second count every step asked for."""
     params = bench_params(TINY)
     assert not params["embedding"][TINY.eos_id].any()
-    model = load_model(TINY, params)
+    T = importlib.import_module(f"impl_{framework}")  # through its public API (spec.api), as the bench runs it
+    model = T.from_params(TINY, params)
     src, _ = inputs(TINY, 3, 7, 1)
-    for tokens in (model.greedy(src, max_new_tokens=12), model.beam(src, max_new_tokens=12)):
+    for tokens in (T.greedy_search(model, src, max_new_tokens=12), T.beam_search(model, src, max_new_tokens=12)):
         tokens = np.asarray(tokens)
         assert tokens.shape == (3, 12) and not (tokens == TINY.eos_id).any(), tokens

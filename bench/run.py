@@ -1,8 +1,8 @@
 """Time one framework: its impl and its stock peer on the bench's workloads; write ``bench-<framework>.json``.
 
-    python -m conformance.bench.run --framework torch --out reports/bench [--workloads forward,greedy] ...
+    python -m bench.run --framework torch --out reports/bench [--workloads forward,greedy] ...
 
-One process per framework (each in the environment of its own framework only); ``conformance.bench.report``
+One process per framework (each in the environment of its own framework only); ``bench.report``
 merges the files. Workloads (``--workloads``, default all):
 
 - ``matmul``: the framework's own (M, K, N) product rate in fp32 and bf16, the denominators of utilisation.
@@ -29,7 +29,7 @@ import numpy as np
 from rich.console import Console
 
 import spec
-from conformance.bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
+from bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
 from spec.flops import forward_flops, train_step_flops
 
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling")
@@ -38,7 +38,7 @@ console = Console(stderr=True)
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    fw = importlib.import_module(f"conformance.bench.bench_{args.framework}")
+    fw = importlib.import_module(f"bench.bench_{args.framework}")
     env = {"framework": args.framework, "device": args.device, "machine": _machine(), **fw.setup(args.device)}
     records: list[dict[str, Any]] = []
     run = Runner(args, fw, records)

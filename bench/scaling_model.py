@@ -1,6 +1,6 @@
 """Data-parallel scaling on paper (issue 13): the step time and efficiency of ``base`` on G GPUs with NVLink.
 
-    python -m conformance.bench.scaling_model [--gpus 8] [--utilisation 0.3,0.5] [--bus-gb-per-s 450]
+    python -m bench.scaling_model [--gpus 8] [--utilisation 0.3,0.5] [--bus-gb-per-s 450]
 
 The model, per optimizer step, weak scaling (each GPU keeps its share of the batch; B sentence pairs of S source
 and T target tokens per GPU):

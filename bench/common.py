@@ -2,7 +2,7 @@
 and the record format.
 
 Framework-neutral (NumPy only). A framework module (``bench_torch``, ``bench_jax``, ``bench_tf``) builds
-``Subject``s, its own impl and its framework's stock peer, and the peer's ``Trainer``; ``conformance.bench.run``
+``Subject``s, its own impl and its framework's stock peer, and the peer's ``Trainer``; ``bench.run``
 times them here.
 """
 

@@ -1,8 +1,8 @@
-"""The torch bench: ``impl_torch`` and ``torch.nn.Transformer`` as ``conformance.bench.common`` subjects.
+"""The torch bench: ``impl_torch`` and ``torch.nn.Transformer`` as ``bench.common`` subjects.
 
 Every subject computes under ``torch.inference_mode()`` in evaluation mode and returns only once the device has
 finished (``.cpu()`` of the result; ``torch.cuda.synchronize()`` on CUDA); the peer's training step (``PeerTrainer``)
-ends with ``loss.item()``. Run by ``conformance.bench.run``.
+ends with ``loss.item()``. Run by ``bench.run``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import impl_torch
-from conformance.bench.common import TRAIN, clock, peer_learning_rate
+from bench.common import TRAIN, clock, peer_learning_rate
 from spec.config import Config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

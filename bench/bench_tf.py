@@ -1,4 +1,4 @@
-"""TensorFlow's subjects for ``conformance.bench.run``: ``impl_tf`` and a stock Keras 3 Transformer.
+"""TensorFlow's subjects for ``bench.run``: ``impl_tf`` and a stock Keras 3 Transformer.
 
 Every subject synchronises before it returns: a result (the peer's training loss too) is brought to the host
 with ``.numpy()`` (``tf.test.experimental.sync_devices()`` for the matmul, whose result stays on the device).
@@ -17,7 +17,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import impl_tf  # noqa: E402
-from conformance.bench.common import TRAIN, clock, peer_learning_rate  # noqa: E402
+from bench.common import TRAIN, clock, peer_learning_rate  # noqa: E402
 from spec.config import Config  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def matmul(dtype: str, device: str, M: int, K: int, N: int) -> Callable[[], None
 
 
 class Ours:
-    """``impl_tf`` through its public API (``spec.api``); see ``conformance.bench.common.Generator``."""
+    """``impl_tf`` through its public API (``spec.api``); see ``bench.common.Generator``."""
 
     def __init__(self, config: Config, params: dict[str, np.ndarray]):
         self.model = impl_tf.from_params(config, params)

@@ -7,7 +7,7 @@
     nox -s train_demo                               # every backend learns the reverse task; loss plot, accuracies
     nox -s "train_demo(backend='jax')" -- --steps 500 --min-accuracy 0.9   # one backend, options to the demo
     nox -s train_dp                                 # 2 data-parallel workers against one device, resume, learning
-    nox -s text                                     # the text layer from corpus to BLEU in every backend, the peer
+    nox -s text                                     # tools/tests: corpus to BLEU in every backend, the peer; demo
     nox -s translate_demo                           # En->De from the catalogs, 30 min per backend and the peer
     nox -s translate_demo -- --minutes 5 --systems jax   # options to tools.translate_demo
     nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, README examples
@@ -85,25 +85,25 @@ def bench_report(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("backend", [b for b in BACKENDS if b != "reference"])
 def train_demo(session: nox.Session, backend: str) -> None:
-    """One framework trains the demo's model on the reverse task (``spec.demo``) from the same weights and data as
-    the others and must reach 99% held-out exact match; arguments after ``--`` go to the demo (a later
-    ``--min-accuracy`` replaces this one)."""
-    session.install(*CONSTRAINTS, "./spec", *PACKAGES[backend])
+    """One framework trains the demo's model on the reverse task (``tools.train_demo``, the task ``spec.demo``) from
+    the same weights and data as the others and must reach 99% held-out exact match; arguments after ``--`` go to
+    the demo (a later ``--min-accuracy`` replaces this one)."""
+    session.install(*CONSTRAINTS, "./spec", *PACKAGES[backend], "rich")
     session.notify("train_demo_report")
-    session.run("python", "-m", f"impl_{backend}.train_demo", "--out", str(REPORTS / "train_demo" / f"{backend}.json"),
-                "--min-accuracy", "0.99", *session.posargs)
+    session.run("python", "-m", "tools.train_demo", "--backend", backend,
+                "--out", str(REPORTS / "train_demo" / f"{backend}.json"), "--min-accuracy", "0.99", *session.posargs)
 
 
 @nox.session
 def train_demo_report(session: nox.Session) -> None:
     """This run's training demos: one PNG of the loss curves, one JSON of the accuracies and times; after a run of
-    every framework, both copied to conformance/train_demo/ for the README."""
+    every framework, both copied to docs/train_demo/ for the README (``tools.train_report``)."""
     files = sorted((REPORTS / "train_demo").glob("*.json"))
     files = [f for f in files if f.name != "train-demo.json"]
     if not files:
         session.skip("no training demo from this run")
-    session.install(*CONSTRAINTS, "./spec", "./conformance", "matplotlib")
-    session.run("python", "-m", "conformance.train_report", *map(str, files), "--out", str(REPORTS / "train_demo"))
+    session.install(*CONSTRAINTS, "matplotlib")
+    session.run("python", "-m", "tools.train_report", *map(str, files), "--out", str(REPORTS / "train_demo"))
 
 
 @nox.session
@@ -121,8 +121,9 @@ TEXT = ["./spec", "./text", "./impl_torch", "./impl_jax", "./impl_tf[cpu]"]
 
 @nox.session
 def text(session: nox.Session) -> None:
-    """The text layer in every backend (``tools/tests``: corpus -> tokenizer -> training -> translation -> BLEU,
-    one checkpoint translated by all three; the torch peer); its framework-free unit tests run in ``tests``."""
+    """The tools in every backend (``tools/tests``): the text layer (corpus -> tokenizer -> training -> translation
+    -> BLEU, one checkpoint translated by all three; the torch peer) and the training demo's short run in each impl;
+    the text layer's framework-free unit tests run in ``tests``."""
     session.install(*CONSTRAINTS, *TEXT, "pytest")
     session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
 

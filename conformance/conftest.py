@@ -43,14 +43,12 @@ def pytest_configure(config):
 
 
 def pytest_ignore_collect(collection_path, config):
-    """The common-API checks and the training demo ask an impl module; the reference backend is the
-    spec itself. The data-parallel checks (minutes of processes) run apart: alone with --data-parallel, never
-    without it."""
+    """The common-API checks ask an impl module; the reference backend is the spec itself. The data-parallel
+    checks (minutes of processes) run apart: alone with --data-parallel, never without it."""
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
         if (collection_path.name == "test_data_parallel.py") != bool(config.getoption("--data-parallel")):
             return True
-    impl_only = collection_path.name in ("test_api.py", "test_train_demo.py")
-    return impl_only and config.getoption("--backend") == "reference" or None
+    return collection_path.name == "test_api.py" and config.getoption("--backend") == "reference" or None
 
 
 @pytest.fixture(scope="session")

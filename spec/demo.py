@@ -1,4 +1,4 @@
-"""A model that learns: every impl trains on the same synthetic task from the same weights and data (issue 11).
+"""The training demo's task and metric: every impl trains on the same synthetic task from the same weights and data.
 
 The task is to reverse a random sequence of 8 to 16 ordinary tokens (never pad, BOS or EOS)::
 
@@ -6,26 +6,16 @@ The task is to reverse a random sequence of 8 to 16 ordinary tokens (never pad, 
     tgt_in = BOS d c b a            (B, T) int64, T = S
     tgt_out= d c b a EOS            (B, T) int64
 
-Training runs through the common API alone (``spec.api``): ``Transformer(config, seed)``, ``init_train_state``,
-``train_step``, ``params_of``, ``from_params``, ``greedy_search``; the impl module is passed in.
-``Transformer(config, seed)`` holds ``spec.init_params(config, seed)`` in every impl and the batches come from one
-NumPy generator here, so every backend starts from the same bits and sees the same data; only the dropout masks
-(each framework's own RNG) and the rounding of each backend's arithmetic differ. Greedy decoding of a fixed
-held-out set (its own seed) by the average of the last 5 checkpoints (section 6.1) gives the exact-match accuracy:
-a row counts when the output is the reversed sequence and EOS, exactly.
-
-    python -m impl_torch.train_demo [--steps N] [--batch B] [--seed S] [--out run.json] [--min-accuracy 0.99]
+Here are the task's model and schedule, its batches (``reverse_batch``), the fixed held-out set (``heldout``) and the
+score (``exact_match``, ``evaluate``): greedy decoding of the held-out set, a row counting when the output is the
+reversed sequence and EOS, exactly. ``Transformer(config, seed)`` holds ``spec.init_params(config, seed)`` in every
+impl and the batches come from one NumPy generator here, so every backend starts from the same bits and sees the same
+data. The training run through the common API and its command line are ``tools.train_demo``
+(``python -m tools.train_demo --backend torch``); ``spec.data_parallel`` trains on the same task.
 """
 
 from __future__ import annotations
 
-import argparse
-import collections
-import collections.abc
-import dataclasses
-import json
-import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -45,16 +35,9 @@ DEMO_CONFIG = TINY.replace(d_model=64, n_heads=4, d_k=16, d_v=16, d_ff=128, para
 # d_model^-0.5 * 100^-0.5 = 0.0125 and decays as t^-0.5 to 0.0032 at step 1500. Measured (torch, batch 64): warmup
 # 100 held 100% from step 2400 on; 200 and 400 plateaued at 97% after 1500-2000 steps, 1000 at 98.8% after 3000.
 TRAIN_CONFIG = TrainConfig(warmup_steps=100)
-STEPS, BATCH, SEED = 1500, 64, 0
+STEPS, BATCH, SEED = 1500, 64, 0  # the demo's defaults: steps of the full run, sequences per batch, seed
 MIN_LEN, MAX_LEN = 8, 16
 HELDOUT_SEED, HELDOUT_SIZE = 1_000_003, 1000  # a generator of its own, fixed whatever --seed
-EVAL_EVERY = 100  # steps between held-out evaluations, to record when the accuracy crosses TARGET
-TARGET = 0.99
-# Evaluate the average of the last 5 checkpoints, one every EVAL_EVERY steps, as the paper did for its base models
-# (section 6.1). Measured (jax, 3000 steps): a single checkpoint's held-out exact match wandered between 86% and 100%
-# from one checkpoint to the next after step 700 (the learning rate is still 0.002-0.005 there); the average of the
-# last 5 held 100% at every checkpoint from step 700 to 3000.
-AVERAGE = 5
 
 
 def ordinary_tokens(config: Config) -> np.ndarray:
@@ -122,94 +105,6 @@ def evaluate(T: ModuleType, model: Any, config: Config, data: tuple[np.ndarray, 
     return exact_match(T.greedy_search(model, src, max_new_tokens=expected.shape[1]), expected, config.pad_id)
 
 
-def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED, progress: bool = True, *,
-        config: Config = DEMO_CONFIG, train_config: TrainConfig = TRAIN_CONFIG, eval_every: int = EVAL_EVERY,
-        evaluate_checkpoints: bool = True) -> dict[str, Any]:
-    """Train ``T.Transformer(config, seed)`` for ``steps`` steps of ``batch`` sequences, then decode the held-out
-    set greedily with the average of the last ``AVERAGE`` checkpoints. ``seed`` seeds the weights, the data and the
-    dropout RNG.
-
-    A checkpoint is taken every ``eval_every`` steps and at the end (0: at the end only); at each, the held-out
-    accuracy of the averaged model and of the model as it is are recorded, timed apart from ``train_s`` (with
-    ``evaluate_checkpoints=False``, at the last only: the same final accuracy for less time). Returns
-    {"losses": [float per step], "evals": [[step, accuracy averaged, accuracy as is, train_s]], "accuracy": the
-    final averaged model's, "steps", "batch", "seed", "train_s" (training alone), "wall_s" (everything, model
-    building and evaluations included), "target_step"/"target_s": the first evaluation whose averaged model
-    reaches ``TARGET`` and the training seconds to it (None if none)}.
-    """
-    start = time.perf_counter()
-    model = T.Transformer(config, seed=seed)
-    state = T.init_train_state(model, train_config, seed=seed)
-    rng, data = np.random.default_rng(seed), heldout(config)
-    losses, evals, checkpoints, train_s = [], [], collections.deque(maxlen=AVERAGE), 0.0
-    with _progress(progress) as bar:
-        task = bar.add_task(T.__name__, total=steps, loss=float("nan"), acc=float("nan"))
-        for step in range(1, steps + 1):
-            t0 = time.perf_counter()
-            loss, model, state = T.train_step(model, state, *reverse_batch(rng, config, batch))
-            losses.append(float(loss))  # one host sync per step: the record needs it, and on CPU it costs nothing
-            train_s += time.perf_counter() - t0
-            if step == steps or eval_every and step % eval_every == 0:
-                checkpoints.append({k: np.array(a) for k, a in T.params_of(model).items()})  # copies: torch's are views
-                if evaluate_checkpoints or step == steps:
-                    evals.append([step, evaluate(T, average(T, config, checkpoints), config, data),
-                                  evaluate(T, model, config, data), round(train_s, 3)])
-                    bar.update(task, acc=evals[-1][1])
-            bar.update(task, advance=1, loss=losses[-1])
-    hit = next((e for e in evals if e[1] >= TARGET), None)
-    return {"backend": T.__name__, "losses": losses, "evals": evals, "accuracy": evals[-1][1], "steps": steps,
-            "batch": batch, "seed": seed, "train_s": round(train_s, 3),
-            "wall_s": round(time.perf_counter() - start, 3), "target": TARGET,
-            "target_step": hit and hit[0], "target_s": hit and hit[-1], "average": AVERAGE,
-            "config": config.to_dict(), "train_config": dataclasses.asdict(train_config),
-            "version": getattr(T, "__version__", None)}
-
-
-def average(T: ModuleType, config: Config, checkpoints: collections.abc.Sequence[dict[str, np.ndarray]]) -> Any:
-    """A model of ``T`` holding the element-wise mean of the checkpoints' canonical parameters (section 6.1),
-    computed in float64 and rounded once to ``config.param_dtype``."""
-    mean = {name: np.mean([c[name].astype(np.float64) for c in checkpoints], axis=0).astype(p.dtype)
-            for name, p in checkpoints[-1].items()}
-    return T.from_params(config, mean)
-
-
-def main(T: ModuleType, argv: list[str] | None = None) -> dict[str, Any]:
-    """The command line of ``python -m impl_<fw>.train_demo``: train, print the accuracy, write ``--out``.
-
-    Raises:
-        SystemExit: non-zero if the accuracy is below ``--min-accuracy``.
-    """
-    p = argparse.ArgumentParser(prog=f"python -m {T.__name__}.train_demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--batch", type=int, default=BATCH)
-    p.add_argument("--seed", type=int, default=SEED)
-    p.add_argument("--eval-every", type=int, default=EVAL_EVERY,
-                   help="a checkpoint and held-out evaluations every N steps; 0: at the end only")
-    p.add_argument("--out", type=Path, help="write the run (losses per step, accuracy, times) as JSON here")
-    p.add_argument("--min-accuracy", type=float, help="exit non-zero if the final exact match is below this")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
-    result = run(T, args.steps, args.batch, args.seed, progress=not args.no_progress, eval_every=args.eval_every)
-    print(summary(result))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
-    if args.min_accuracy is not None and result["accuracy"] < args.min_accuracy:
-        raise SystemExit(f"{T.__name__}: exact match {result['accuracy']:.3f} is below --min-accuracy "
-                         f"{args.min_accuracy}")
-    return result
-
-
-def summary(result: dict[str, Any]) -> str:
-    """One line per run: final loss, held-out exact match, times, and when it first reached ``TARGET``."""
-    reached = (f"reached {result['target']:.0%} at step {result['target_step']} ({result['target_s']:.0f} s of "
-               f"training)" if result["target_step"] else f"never reached {result['target']:.0%}")
-    return (f"{result['backend']}: {result['steps']} steps of {result['batch']}, final loss "
-            f"{result['losses'][-1]:.3f}, held-out exact match {result['accuracy']:.1%} ({HELDOUT_SIZE} "
-            f"sequences), training {result['train_s']:.0f} s, wall {result['wall_s']:.0f} s; {reached}")
-
-
 # ----------------------------------------------------------------- internals
 
 def _host(x: Any) -> np.ndarray:
@@ -217,14 +112,3 @@ def _host(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # torch (TensorFlow's tensors have a deprecated .cpu, no .detach): CUDA has no NumPy view
         x = x.detach().cpu()
     return np.asarray(x)
-
-
-def _progress(enabled: bool):
-    """A ``rich`` progress bar on stderr with the last loss and held-out accuracy (stdout keeps the results)."""
-    from rich import console, progress  # imported here: importing spec (every impl does) stays light
-
-    return progress.Progress(
-        progress.TextColumn("{task.description}"), progress.BarColumn(), progress.MofNCompleteColumn(),
-        progress.TimeElapsedColumn(), progress.TimeRemainingColumn(),
-        progress.TextColumn("loss {task.fields[loss]:.3f}  held-out exact match {task.fields[acc]:.1%}"),
-        console=console.Console(stderr=True), disable=not enabled)

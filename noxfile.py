@@ -198,7 +198,7 @@ def mutants(session: nox.Session) -> None:
 def golden(session: nox.Session) -> None:
     """Write spec/golden; with `-- --check`, regenerate in a temp dir and compare bit for bit."""
     session.install(*CONSTRAINTS, "./spec")
-    session.run("python", "-m", "spec.golden_cases", "--out", str(ROOT / "spec" / "golden"), *session.posargs)
+    session.run("python", "-m", "tools.golden", "--out", str(ROOT / "spec" / "golden"), *session.posargs)
 
 
 @nox.session

@@ -12,7 +12,7 @@ modules: it must reach the backend under test, never the oracle). Per example, a
   exact, given the faithful reference's own error at the same positions;
 * greedy tokens (``max_new_tokens=min(6, max_len)``), exactly, row by row, where exact and faithful
   search agree and the row's decision margin is at least ``DECISION_MARGIN_FACTOR`` times the
-  logits tolerance (measured, as ``spec.golden_cases`` does, on the teacher-forced forward of the
+  logits tolerance (measured, as ``spec.golden_search`` does, on the teacher-forced forward of the
   greedy output). Other rows are skipped but counted; the test fails unless at least
   ``MIN_COMPARED`` of the examples had tokens compared, so it cannot silently compare nothing.
 

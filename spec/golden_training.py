@@ -46,7 +46,7 @@ import zlib
 
 import numpy as np
 
-from spec import backward, tolerance, training
+from spec import backward, golden_cases, tolerance, training
 from spec.config import Config
 from spec.numerics import Numerics, np_dtype
 
@@ -188,8 +188,6 @@ def build(case: TrainCase) -> tuple[Config, dict, dict, dict, dict]:
     """The case's config, weights, inputs, expected tensors (stored parts) and meta["tensors"]: the faithful run's
     errors, measured on whole tensors (a conformant backend's ReLU flips may land anywhere, not only where a
     sample looks; in small mixed precision the ideal's worst gradient element lies outside the stored sample)."""
-    from spec import golden_cases  # its recipe helpers; imported here, as golden_cases imports this module
-
     c = golden_cases.config(case.cfg, case.dtype).replace(param_dtype="float32", dropout=0.0)
     params = golden_cases.make_params(c, case.seed)
     inputs = make_batches(c, case, np.random.default_rng(zlib.crc32(case.name.encode())))
@@ -208,7 +206,7 @@ def build(case: TrainCase) -> tuple[Config, dict, dict, dict, dict]:
 
 
 def write(w, case: TrainCase) -> None:
-    """Write ``case`` with ``golden_cases._Writer`` ``w``."""
+    """Write ``case`` with ``golden_cases.Writer`` ``w``."""
     c, params, inputs, expected, tensors = build(case)
     lrs = [training.learning_rate(t, c.d_model, TRAIN_CONFIG.warmup_steps) for t in range(1, STEPS + 1)]
     meta = {"kind": "train", "tensors": tensors,
@@ -226,7 +224,7 @@ def write(w, case: TrainCase) -> None:
 
 
 def generate(w) -> None:
-    """Write every training case (called by ``golden_cases.generate``)."""
+    """Write every training case (called by ``golden_recipes.generate``)."""
     for case in TRAIN_CASES:
         write(w, case)
 
@@ -238,8 +236,6 @@ def load_case(root, name: str) -> tuple[dict, Config, dict, dict, dict]:
     from pathlib import Path
 
     import safetensors.numpy
-
-    from spec import golden_cases
 
     d = Path(root) / name
     meta = json.loads((d / "meta.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec import flops, golden_cases, schema, tolerance, validate
+from spec import flops, golden_cases, golden_recipes, schema, tolerance, validate
 from spec.config import BASE, BIG, TINY, Config, preset
 from spec.init import init_params
 from spec.numerics import BF16
@@ -133,7 +133,7 @@ def test_tolerance_judge():
 
 
 def test_golden_files_reproduce_bit_for_bit():
-    assert golden_cases.check() == []
+    assert golden_recipes.check() == []
 
 
 def test_recording_scopes_and_no_op():

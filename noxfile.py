@@ -203,6 +203,11 @@ def golden(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff, then the impls' shared skeleton (``tools.skeleton``: the same files and definitions in the same order)."""
     session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
+    # FLAGGED: the skeleton's thresholds are --min-score 0.85 --min-pair 0.75, the tool's defaults. Until the impls
+    # restructured to one skeleton land, lint holds only this floor against regressions (the scores:
+    # docs/decisions.md); then drop both options so the defaults apply.
+    session.run("python", "-m", "tools.skeleton", "--min-score", "0.50", "--min-pair", "0.0")
 

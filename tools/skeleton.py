@@ -1,0 +1,128 @@
+"""How far the three impls are from one skeleton: the same files, the same definitions, in the same order.
+
+    python -m tools.skeleton                                  # fails below --min-score 0.85 or --min-pair 0.75
+    python -m tools.skeleton --min-score 0.5 --min-pair 0     # looser thresholds
+    python -m tools.skeleton --table --names                  # the table even when it passes; unshared names
+
+For every file name found in any impl (``impl_*/*.py``, not their tests), it lists the top-level functions and
+classes and each class's methods (in source order, ``Class.method``) and compares the impls pairwise with
+difflib's ratio over those name sequences (1.0 = the same names in the same order; two files without definitions
+score 1.0). A file missing from an impl scores 0 for each pair it is in. The score is the mean over files and
+pairs; ``--min-pair`` bounds the lowest single (file, pair) ratio. It reads names only: a map of drift, not a
+verdict on style. Exit status 1 when a threshold is not met, with the table and what fell short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import itertools
+import sys
+from pathlib import Path
+
+IMPLS = ("impl_torch", "impl_jax", "impl_tf")
+PAIRS = tuple(itertools.combinations(IMPLS, 2))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass
+class FileScore:
+    """One file name: its definitions in each impl (None where the impl lacks the file), one ratio per pair."""
+    name: str
+    defs: dict[str, list[str] | None]
+    pairs: dict[tuple[str, str], float]
+
+
+def names(path: Path) -> list[str]:
+    """The top-level function and class names of a Python file, each class followed by its ``Class.method``s."""
+    out = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out.append(node.name)
+        elif isinstance(node, ast.ClassDef):
+            out.append(node.name)
+            out += [f"{node.name}.{m.name}" for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return out
+
+
+def ratio(a: list[str] | None, b: list[str] | None) -> float:
+    """difflib's ratio of two name sequences; 0 if either file is missing, 1 if both are empty."""
+    if a is None or b is None:
+        return 0.0
+    if not a and not b:
+        return 1.0
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def scores(root: Path, impls: tuple[str, ...] = IMPLS) -> list[FileScore]:
+    """Every file name present in any impl under ``root``, sorted, with its definitions and pair ratios."""
+    files = sorted({p.name for impl in impls for p in (root / impl).glob("*.py")})
+    out = []
+    for f in files:
+        defs = {impl: names(root / impl / f) if (root / impl / f).exists() else None for impl in impls}
+        out.append(FileScore(f, defs, {(a, b): ratio(defs[a], defs[b]) for a, b in itertools.combinations(impls, 2)}))
+    return out
+
+
+def mean_score(files: list[FileScore]) -> float:
+    """The mean of every (file, pair) ratio; 0 when there is no file."""
+    values = [r for f in files for r in f.pairs.values()]
+    return sum(values) / len(values) if values else 0.0
+
+
+def min_pair(files: list[FileScore]) -> float:
+    """The lowest (file, pair) ratio; 1 when there is no file."""
+    return min((r for f in files for r in f.pairs.values()), default=1.0)
+
+
+def table(files: list[FileScore], show_names: bool = False) -> str:
+    """One row per file: definitions per impl ('-' where missing) and the pair ratios; with ``show_names``, the
+    definitions that not every impl holding the file has."""
+    impls = list(files[0].defs) if files else list(IMPLS)
+    short = [i.removeprefix("impl_") for i in impls]
+    pair_heads = [f"{a.removeprefix('impl_')}~{b.removeprefix('impl_')}" for a, b in itertools.combinations(impls, 2)]
+    lines = [f"{'file':<22} {'defs ' + '/'.join(short):>18}  " + "  ".join(f"{h:>9}" for h in pair_heads)]
+    for f in files:
+        counts = "/".join("-" if d is None else str(len(d)) for d in f.defs.values())
+        lines.append(f"{f.name:<22} {counts:>18}  " + "  ".join(f"{r:9.2f}" for r in f.pairs.values()))
+        if show_names:
+            present = [set(d) for d in f.defs.values() if d is not None]
+            common = set.intersection(*present) if present else set()
+            for impl, d in f.defs.items():
+                extra = [n for n in d or [] if n not in common]
+                if extra:
+                    lines.append(f"  {impl} only: {', '.join(extra)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.skeleton", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min-score", type=float, default=0.85, help="the lowest mean ratio that passes")
+    p.add_argument("--min-pair", type=float, default=0.75, help="the lowest single (file, pair) ratio that passes")
+    p.add_argument("--root", type=Path, default=ROOT, help="the folder holding impl_torch/, impl_jax/, impl_tf/")
+    p.add_argument("--table", action="store_true", help="print the table even when the thresholds are met")
+    p.add_argument("--names", action="store_true", help="with the table, the definitions not every impl has")
+    args = p.parse_args(argv)
+    files = scores(args.root)
+    score, low = mean_score(files), min_pair(files)
+    short = []
+    if score < args.min_score:
+        short.append(f"score {score:.2f} < --min-score {args.min_score:.2f}")
+    if low < args.min_pair:
+        below = [f"\n  {f.name} {a.removeprefix('impl_')}~{b.removeprefix('impl_')} {r:.2f}"
+                 for f in files for (a, b), r in f.pairs.items() if r < args.min_pair]
+        short.append(f"{len(below)} (file, pair) ratio(s) < --min-pair {args.min_pair:.2f}:" + "".join(below))
+    if short or args.table:
+        print(table(files, args.names))
+    print(f"skeleton score {score:.2f}, lowest pair {low:.2f} over {len(files)} files "
+          f"(1.00 = the same definitions in the same order in every impl)")
+    for line in short:
+        print(f"below threshold: {line}")
+    return 1 if short else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -47,11 +47,11 @@ from spec.init import init_params
 from spec.numerics import Numerics
 from spec.weights_io import save_weights
 
-# Examples per backend: jax and tf compile each new config and shape (measured on a 2-core CPU: ~4-5 s and
-# ~8-9 s an example, so ~40-50 s each; the reference and torch take ~1 s and ~5 s for 20).
+# Examples per backend: jax and tf compile each new config and shape, so they run fewer (what an example costs in
+# each: docs/decisions.md, "Random configs").
 N_EXAMPLES = {"reference": 20, "torch": 20, "jax": 10, "tf": 6}
 MAX_NEW_TOKENS = 6
-MIN_COMPARED = 0.5  # of the examples, with greedy tokens compared in a row at least (measured: 17/20, 10/10, 6/6)
+MIN_COMPARED = 0.5  # of the examples, with greedy tokens compared in a row at least (docs/decisions.md)
 SEED = 20240611
 Params = dict[str, np.ndarray]
 

@@ -1,10 +1,9 @@
-"""Training over many steps: every backend's loss curve against the spec's exact trajectory (issue 11).
+"""Training over many steps: every backend's loss curve against the spec's exact trajectory.
 
 The golden cases (``test_golden.py``) judge three steps tensor by tensor; here 50 Adam steps from the same weights
 on the same batches, dropout off, must give a loss at every step within the policy's bound for a loss
-(``spec.tolerance.judge_gradient``) of the faithful trajectory's error, computed live. Measured on tiny (the worst
-step's error in ulps of the dtype at the curve's RMS, fp32 / mixed; bounds 8 / 4.48): the ideal 0.42 / 1.12,
-impl_torch 1.60 / 1.18, impl_jax 1.43 / 0.86, impl_tf 1.45 / 1.46.
+(``spec.tolerance.judge_gradient``) of the faithful trajectory's error, computed live (the errors measured against
+those bounds: docs/decisions.md, "Tolerances").
 """
 
 from __future__ import annotations

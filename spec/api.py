@@ -32,7 +32,7 @@ Rules every impl keeps:
   layer a pair k (B, H, P, K), v (B, H, P, C) for P = capacity positions), ``key_mask`` (B, P) bool, True at a
   written non-pad position, ``memory_kv`` (per decoder layer k (B, H, S, K), v (B, H, S, C), computed once),
   ``memory_mask`` (B, S) bool, True at a non-pad source position, ``length``: the positions written. The cache is
-  heads-major, as the attention products read it (XLA ran them several times slower over (B, P, H, K)).
+  heads-major, as the attention products read it (the layout chosen: docs/decisions.md, "The KV cache").
 - ``greedy_search`` and ``beam_search`` (``spec.search``) return (B, L) int64 tokens, EOS included, right-padded
   with ``pad_id``, and always compute in evaluation mode (no dropout), whatever mode the model is in.
 - ``load_weights(path, config=None)`` builds a model from a canonical weights file (``spec.weights_io``);

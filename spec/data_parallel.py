@@ -1,4 +1,4 @@
-"""Data-parallel training (issue 13): the command line, data, split, checkpoints and records every impl shares.
+"""Data-parallel training: the command line, data, split, checkpoints and records every impl shares.
 
 Each impl runs the loop here on its framework's own engine (``impl_torch.train_dp``: ``DistributedDataParallel``
 under ``torchrun``; ``impl_jax.train_dp``: ``jax.sharding`` under ``jax.jit``; ``impl_tf.train_dp``:

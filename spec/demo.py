@@ -27,13 +27,11 @@ from spec.training import TrainConfig
 # The paper's architecture at a small size, a little larger than ``tiny`` (d_model 64 against 32, d_ff 128 against
 # 48, d_k = d_v = 16; 2 + 2 layers, V = 61 as tiny). fp32 master weights computing in bf16 (mixed precision,
 # spec.training): bf16 weights would lose Adam's small late updates to rounding. Dropout is the paper's 0.1 (section
-# 5.4): without it torch reached 99% sooner (step 400) but the runs were no more stable. Measured choices are in
-# the README's "Training" section.
+# 5.4). The measurements behind these choices: docs/decisions.md, "The training demo".
 DEMO_CONFIG = TINY.replace(d_model=64, n_heads=4, d_k=16, d_v=16, d_ff=128, param_dtype="float32")
 # The paper's Adam, label smoothing and schedule (equation 3); only warmup is shorter: 4000 steps fit 100k steps of
 # WMT, while here the learning rate would still be climbing at the end of the run. Warmup 100 peaks at
-# d_model^-0.5 * 100^-0.5 = 0.0125 and decays as t^-0.5 to 0.0032 at step 1500. Measured (torch, batch 64): warmup
-# 100 held 100% from step 2400 on; 200 and 400 plateaued at 97% after 1500-2000 steps, 1000 at 98.8% after 3000.
+# d_model^-0.5 * 100^-0.5 = 0.0125 and decays as t^-0.5 to 0.0032 at step 1500 (other warmups: docs/decisions.md).
 TRAIN_CONFIG = TrainConfig(warmup_steps=100)
 STEPS, BATCH, SEED = 1500, 64, 0  # the demo's defaults: steps of the full run, sequences per batch, seed
 MIN_LEN, MAX_LEN = 8, 16

@@ -147,8 +147,8 @@ def _cancel_last_residual(params: dict[str, np.ndarray], c: Config) -> None:
     with identity weights and zero bias (exact in bf16), so its post-LN output no longer carries the input.
 
     Why: with the embedding tied to the output projection, a random model's last hidden state is dominated by
-    the current token's own embedding, so greedy search repeats one token forever (the defect of the first
-    decoding cases). Without it the next token is a random function of the state, the source included.
+    the current token's own embedding, so greedy search repeats one token forever. Without it the next token is a
+    random function of the state, the source included.
     """
     D, p = c.d_model, f"decoder.layers.{c.n_decoder_layers - 1}.ffn"
     if c.d_ff < 2 * D:

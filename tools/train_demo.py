@@ -33,9 +33,7 @@ BACKENDS = ("torch", "jax", "tf")
 EVAL_EVERY = 100  # steps between held-out evaluations, to record when the accuracy crosses TARGET
 TARGET = 0.99
 # Evaluate the average of the last 5 checkpoints, one every EVAL_EVERY steps, as the paper did for its base models
-# (section 6.1). Measured (jax, 3000 steps): a single checkpoint's held-out exact match wandered between 86% and 100%
-# from one checkpoint to the next after step 700 (the learning rate is still 0.002-0.005 there); the average of the
-# last 5 held 100% at every checkpoint from step 700 to 3000.
+# (section 6.1): a single checkpoint's accuracy wanders while the learning rate is still high (docs/decisions.md).
 AVERAGE = 5
 
 

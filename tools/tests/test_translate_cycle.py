@@ -1,5 +1,5 @@
 """The whole text cycle on a small budget, in every backend: corpus -> tokenizer -> training -> translation ->
-BLEU. A small model trains through impl_torch's common API for 400 steps (about a minute) on English -> German from the
+BLEU. A small model trains through impl_torch's common API for 400 steps on English -> German from the
 system's gettext catalogs; the loss must fall and dev BLEU rise over the run; then one checkpoint is translated
 by all three backends, which must give the reference's exact tokens on every decisive sentence."""
 

@@ -1,7 +1,7 @@
 """Sessions: conformance (per backend, then one combined report), bench, tests, mutants, golden, lint.
 
-    nox -s conformance                              # every backend that has an adapter
-    nox -s "conformance(backend='reference')"       # one backend
+    nox -s conformance                              # every backend that has an adapter, in parallel
+    nox -s conformance -- reference                 # some backends; pytest options after a second --
     nox -s bench                                    # speed: every framework, then the report and README section
     nox -s "bench(framework='jax')" -- --workloads forward --batch 16   # one framework, options to the bench
     nox -s train_demo                               # every backend learns the reverse task; loss plot, accuracies
@@ -40,14 +40,13 @@ nox.options.sessions = ["conformance"]
 
 
 @nox.session
-@nox.parametrize("backend", BACKENDS)
-def conformance(session: nox.Session, backend: str) -> None:
-    """The conformance suite for one backend, in a virtualenv holding only that backend's framework."""
-    session.install(*CONSTRAINTS, "./spec", "./conformance", *PACKAGES[backend])
+def conformance(session: nox.Session) -> None:
+    """The conformance suite on every backend, in parallel (``tools.conformance``); positional arguments choose
+    backends, arguments after a second ``--`` go to pytest. The installed suite runs against the installed packages
+    (``--pyargs``), so packaging mistakes show; that each impl needs no other framework, ``tests`` checks."""
+    session.install(*CONSTRAINTS, "./spec", "./conformance", *(p for b in BACKENDS for p in PACKAGES[b]))
     session.notify("report")
-    # --pyargs runs the installed suite against the installed packages, so packaging mistakes show.
-    session.run("pytest", "--pyargs", "conformance", "--backend", backend, "--report-dir", str(REPORTS),
-                "-p", "no:cacheprovider", *session.posargs)
+    session.run("python", "-m", "tools.conformance", "--report-dir", str(REPORTS), *session.posargs)
 
 
 @nox.session
@@ -116,7 +115,7 @@ def train_dp(session: nox.Session, backend: str) -> None:
                 str(REPORTS / "train_dp"), "-p", "no:cacheprovider", *session.posargs)
 
 
-TEXT = ["./spec", "./text", "./impl_torch", "./impl_jax", "./impl_tf[cpu]"]
+TEXT = ["./spec", "./conformance", "./text", "./impl_torch", "./impl_jax", "./impl_tf[cpu]"]
 
 
 @nox.session

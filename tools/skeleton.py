@@ -1,15 +1,19 @@
-"""How far the three impls are from one skeleton: the same files, the same definitions, in the same order.
+"""How far the NumPy reference and the three impls are from one skeleton: the same files, the same definitions,
+in the same order.
 
     python -m tools.skeleton                                  # fails below --min-score 0.85 or --min-pair 0.75
     python -m tools.skeleton --min-score 0.5 --min-pair 0     # looser thresholds
     python -m tools.skeleton --table --names                  # the table even when it passes; unshared names
 
 For every file name found in any impl (``impl_*/*.py``, not their tests), it lists the top-level functions and
-classes and each class's methods (in source order, ``Class.method``) and compares the impls pairwise with
-difflib's ratio over those name sequences (1.0 = the same names in the same order; two files without definitions
-score 1.0). A file missing from an impl scores 0 for each pair it is in. The score is the mean over files and
-pairs; ``--min-pair`` bounds the lowest single (file, pair) ratio. It reads names only: a map of drift, not a
-verdict on style. Exit status 1 when a threshold is not met, with the table and what fell short.
+classes and each class's methods (in source order, ``Class.method``) and compares the impls pairwise with difflib's
+ratio over those name sequences (1.0 = the same names in the same order; two files without definitions score 1.0). A
+file missing from an impl scores 0 for each pair it is in. The score is the mean over files and pairs;
+``--min-pair`` bounds the lowest single (file, pair) ratio. The reference (``spec/reference/``) joins the comparison
+for the files where it has the impls' role (``REFERENCE_FILES``: the products, the layers, the model), not for its
+package's functional entry points or the search, whose reference (``spec.search``) traces margins. It reads names
+only: a map of drift, not a verdict on style. Exit status 1 when a threshold is not met, with the table and what
+fell short.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import sys
 from pathlib import Path
 
 IMPLS = ("impl_torch", "impl_jax", "impl_tf")
-PAIRS = tuple(itertools.combinations(IMPLS, 2))
+REFERENCE = "spec/reference"
+REFERENCE_FILES = ("numerics.py", "layers.py", "model.py")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,12 +62,14 @@ def ratio(a: list[str] | None, b: list[str] | None) -> float:
 
 
 def scores(root: Path, impls: tuple[str, ...] = IMPLS) -> list[FileScore]:
-    """Every file name present in any impl under ``root``, sorted, with its definitions and pair ratios."""
+    """Every file name present in any impl under ``root``, sorted, with its definitions and pair ratios; for the
+    ``REFERENCE_FILES`` the reference too, where ``root`` has it."""
     files = sorted({p.name for impl in impls for p in (root / impl).glob("*.py")})
     out = []
     for f in files:
-        defs = {impl: names(root / impl / f) if (root / impl / f).exists() else None for impl in impls}
-        out.append(FileScore(f, defs, {(a, b): ratio(defs[a], defs[b]) for a, b in itertools.combinations(impls, 2)}))
+        members = ((REFERENCE,) if f in REFERENCE_FILES and (root / REFERENCE).is_dir() else ()) + impls
+        defs = {m: names(root / m / f) if (root / m / f).exists() else None for m in members}
+        out.append(FileScore(f, defs, {(a, b): ratio(defs[a], defs[b]) for a, b in itertools.combinations(members, 2)}))
     return out
 
 
@@ -80,13 +87,15 @@ def min_pair(files: list[FileScore]) -> float:
 def table(files: list[FileScore], show_names: bool = False) -> str:
     """One row per file: definitions per impl ('-' where missing) and the pair ratios; with ``show_names``, the
     definitions that not every impl holding the file has."""
-    impls = list(files[0].defs) if files else list(IMPLS)
-    short = [i.removeprefix("impl_") for i in impls]
-    pair_heads = [f"{a.removeprefix('impl_')}~{b.removeprefix('impl_')}" for a, b in itertools.combinations(impls, 2)]
-    lines = [f"{'file':<22} {'defs ' + '/'.join(short):>18}  " + "  ".join(f"{h:>9}" for h in pair_heads)]
+    members = ((REFERENCE,) if any(REFERENCE in f.defs for f in files) else ()) + IMPLS
+    pairs = list(itertools.combinations(members, 2))
+    lines = [f"{'file':<14} {'defs ' + '/'.join(map(_short, members)):>22}  "
+             + "  ".join(f"{_short(a) + '~' + _short(b):>9}" for a, b in pairs)]
     for f in files:
-        counts = "/".join("-" if d is None else str(len(d)) for d in f.defs.values())
-        lines.append(f"{f.name:<22} {counts:>18}  " + "  ".join(f"{r:9.2f}" for r in f.pairs.values()))
+        counts = "/".join("." if m not in f.defs else "-" if f.defs[m] is None else str(len(f.defs[m]))
+                          for m in members)
+        lines.append(f"{f.name:<14} {counts:>22}  "
+                     + "  ".join(f"{f.pairs[p]:9.2f}" if p in f.pairs else f"{'':9}" for p in pairs))
         if show_names:
             present = [set(d) for d in f.defs.values() if d is not None]
             common = set.intersection(*present) if present else set()
@@ -97,12 +106,18 @@ def table(files: list[FileScore], show_names: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _short(member: str) -> str:
+    """``impl_torch`` -> ``torch``, ``spec/reference`` -> ``ref``."""
+    return "ref" if member == REFERENCE else member.removeprefix("impl_")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.skeleton", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--min-score", type=float, default=0.85, help="the lowest mean ratio that passes")
     p.add_argument("--min-pair", type=float, default=0.75, help="the lowest single (file, pair) ratio that passes")
-    p.add_argument("--root", type=Path, default=ROOT, help="the folder holding impl_torch/, impl_jax/, impl_tf/")
+    p.add_argument("--root", type=Path, default=ROOT,
+                   help="the folder holding impl_torch/, impl_jax/, impl_tf/ and spec/reference/")
     p.add_argument("--table", action="store_true", help="print the table even when the thresholds are met")
     p.add_argument("--names", action="store_true", help="with the table, the definitions not every impl has")
     args = p.parse_args(argv)
@@ -112,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if score < args.min_score:
         short.append(f"score {score:.2f} < --min-score {args.min_score:.2f}")
     if low < args.min_pair:
-        below = [f"\n  {f.name} {a.removeprefix('impl_')}~{b.removeprefix('impl_')} {r:.2f}"
+        below = [f"\n  {f.name} {_short(a)}~{_short(b)} {r:.2f}"
                  for f in files for (a, b), r in f.pairs.items() if r < args.min_pair]
         short.append(f"{len(below)} (file, pair) ratio(s) < --min-pair {args.min_pair:.2f}:" + "".join(below))
     if short or args.table:

@@ -71,3 +71,17 @@ def test_thresholds_exit_one_with_the_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 (file, pair) ratio(s) < --min-pair 0.80" in out and "model.py jax~tf 0.75" in out
     assert skeleton.main(["--root", str(root), "--min-score", "0.8", "--min-pair", "0.75"]) == 0
+
+
+def test_the_reference_joins_only_for_its_files(tmp_path, capsys):
+    root = _impls(tmp_path, {impl: {"model.py": MODEL, "search.py": "def greedy(): ...\n"} for impl in skeleton.IMPLS})
+    (root / skeleton.REFERENCE).mkdir(parents=True)
+    (root / skeleton.REFERENCE / "model.py").write_text(MODEL.replace("def decode", "def generate"))
+    (root / skeleton.REFERENCE / "search.py").write_text("def other(): ...\n")  # not a file of the reference's role
+    by_name = {f.name: f for f in skeleton.scores(root)}
+    assert set(by_name["search.py"].defs) == set(skeleton.IMPLS) and len(by_name["search.py"].pairs) == 3
+    model = by_name["model.py"]
+    assert len(model.pairs) == 6 and model.pairs[(skeleton.REFERENCE, "impl_torch")] == pytest.approx(0.75)
+    assert skeleton.main(["--root", str(root), "--table"]) == 0           # mean (3 * 0.75 + 6 * 1) / 9
+    out = capsys.readouterr().out
+    assert "ref~torch" in out and "skeleton score 0.92, lowest pair 0.75" in out

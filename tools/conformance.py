@@ -68,7 +68,7 @@ def run(backends: list[str], out: Path, jobs: int, pytest_args: list[str], every
             del running[backend]
             summary = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             print(f"[{now - t_start:4.0f} s] {backend}: {'passed' if proc.returncode == 0 else 'FAILED'} in "
-                  f"{now - t0:.0f} s: {summary[0]}", flush=True)
+                  f"{now - t0:.0f} s: {summary[0].strip('= ')}", flush=True)
             if proc.returncode != 0:
                 failed.append(backend)
                 print("\n".join(log.read_text(errors="replace").splitlines()[-60:]), flush=True)

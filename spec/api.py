@@ -17,42 +17,13 @@ The same lines work in every backend with the import changed::
 Arrays are the framework's own (``torch.Tensor``, ``jax.Array``, ``tf.Tensor``); token ids may also be given
 as NumPy arrays or nested lists. The exceptions are the search results of ``impl_jax``, which are NumPy int64
 arrays: JAX holds int64 only under the process-wide ``jax_enable_x64`` flag, which a library must not set.
+Shape letters as ``spec.config``: B batch, S source length, T target length, P cache capacity, D d_model,
+H n_heads, K d_k, C d_v, V vocab_size.
 
-Rules every impl keeps:
-
-- ``Transformer(config, seed=0)`` holds ``spec.init_params(config, seed)``: the same seed gives bit-identical
-  weights in every backend. ``model.config`` is the ``spec.config.Config`` the model computes by.
-- ``model(src, tgt_in)``: src (B, S), tgt_in (B, T) int ids -> logits (B, T, V) float32; with
-  ``intermediates=True`` -> ``(logits, {name: tensor})`` with the tensors of ``spec.shapes.intermediates``.
-- ``model.encode(src)`` -> memory (B, S, D) in ``config.dtype``; ``model.init_cache(memory, src, capacity)``
-  -> an empty ``KVCache``; ``model.decode(tokens, cache)``: n new tokens (B, n) -> ``(logits (B, n, V)
-  float32, cache)``. **The cache passed to decode is consumed**: go on with the returned one (torch writes the
-  passed cache in place and returns it; JAX and TensorFlow return a new one).
-- ``KVCache`` fields, in this order, the same in every backend (``KV_CACHE_FIELDS``): ``self_kv`` (per decoder
-  layer a pair k (B, H, P, K), v (B, H, P, C) for P = capacity positions), ``key_mask`` (B, P) bool, True at a
-  written non-pad position, ``memory_kv`` (per decoder layer k (B, H, S, K), v (B, H, S, C), computed once),
-  ``memory_mask`` (B, S) bool, True at a non-pad source position, ``length``: the positions written. The cache is
-  heads-major, as the attention products read it (the layout chosen: docs/decisions.md, "The KV cache").
-- ``greedy_search`` and ``beam_search`` (``spec.search``) return (B, L) int64 tokens, EOS included, right-padded
-  with ``pad_id``, and always compute in evaluation mode (no dropout), whatever mode the model is in.
-- ``load_weights(path, config=None)`` builds a model from a canonical weights file (``spec.weights_io``);
-  ``save_weights(model, path)`` writes one, bit for bit. ``from_params(config, params)`` and
-  ``params_of(model)`` convert from and to the canonical ``{name: numpy array}`` (``spec.schema``).
-- Bad input raises the spec's ``ValueError`` (``spec.validate``) before any computation, in every backend.
-- Training (``spec.training``, section 5): ``init_train_state(model, train_config=None, seed=0)`` -> a
-  ``TrainState`` with ``step`` (updates done) and ``train_config`` (a ``spec.training.TrainConfig``), Adam's fp32
-  moments per canonical parameter and the dropout RNG (the framework's own generator, seeded from ``seed``);
-  ``train_step(model, state, src, tgt_in, tgt_out)`` -> ``(loss, model, state)``: one Adam step in training mode
-  (dropout at ``config.dropout``, masks from the state's RNG, never a global one), the loss (a float32 scalar)
-  of the batch before the update; it **consumes model and state**: go on with the returned ones (torch and
-  TensorFlow update them in place and return the same objects, JAX returns new ones).
-  ``loss_and_gradients(model, src, tgt_in, tgt_out, label_smoothing=0.1)`` -> ``(loss, {name: gradient})`` in
-  evaluation mode, float32 gradients of the master weights in schema order. ``save_train_state(state, path)`` and
-  ``load_train_state(path, model)`` write and read the moments, step and config canonically (safetensors
-  ``m.<name>``, ``v.<name>``); the RNG state is the framework's own, re-seeded with a warning across frameworks.
-
-A backend may add keyword-only arguments with defaults after the common ones (``device=`` in torch);
-``check_api`` enforces the rest.
+Each function's and method's contract is written once, here; an impl's docstring adds only what is particular to
+its framework. Every entry point checks its input with ``spec.validate`` before computing anything, so bad input
+raises the same ``ValueError`` with the same message in every backend. A backend may add keyword-only arguments
+with defaults after the common ones (``device=`` in torch); ``check_api`` enforces the rest.
 """
 
 from __future__ import annotations
@@ -72,7 +43,16 @@ KV_CACHE_FIELDS = ("self_kv", "key_mask", "memory_kv", "memory_mask", "length")
 
 
 class KVCache(Protocol):
-    """The decoder state for incremental decoding (fields as ``KV_CACHE_FIELDS``)."""
+    """The decoder's state for incremental decoding (section 3.1, a few positions per call), fields in the order of
+    ``KV_CACHE_FIELDS``, heads-major as the attention products read them (docs/decisions.md, "The KV cache").
+
+    Attributes:
+        self_kv: per decoder layer a pair k (B, H, P, K), v (B, H, P, C) in ``config.dtype``, for P = capacity.
+        key_mask: (B, P) bool, True at a written non-pad position.
+        memory_kv: per decoder layer k (B, H, S, K), v (B, H, S, C): the encoder output's, computed once.
+        memory_mask: (B, S) bool, True at a non-pad source position.
+        length: the positions written.
+    """
 
     self_kv: Any
     key_mask: Any
@@ -82,39 +62,84 @@ class KVCache(Protocol):
 
 
 class Model(Protocol):
-    """A Transformer of one impl: ``torch.nn.Module``, a JAX pytree, or a ``tf.Module``."""
+    """A Transformer of one impl: ``torch.nn.Module``, a JAX pytree, or a ``tf.Module``; ``config`` is the
+    ``spec.config.Config`` it computes by."""
 
     config: Config
 
     def __call__(self, src: Any, tgt_in: Any, intermediates: bool = False) -> Any:
-        """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32."""
+        """The teacher-forced forward pass (section 3, figure 1).
+
+        Args:
+            src: (B, S) int token ids; tgt_in: (B, T) int, the targets shifted right (BOS first).
+            intermediates: also return the tensors of ``spec.shapes.intermediates``.
+        Returns:
+            logits (B, T, V) float32; with ``intermediates``, ``(logits, {name: tensor})``.
+        Raises:
+            ValueError: bad token ids, an all-padding source, batch sizes that differ (``spec.validate``).
+        """
 
     def encode(self, src: Any) -> Any:
-        """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in ``config.dtype``."""
+        """The encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in ``config.dtype``.
+
+        Raises:
+            ValueError: as ``__call__`` for ``src``.
+        """
 
     def init_cache(self, memory: Any, src: Any, capacity: int) -> KVCache:
-        """An empty KV cache for ``capacity`` target positions; cross-attention K/V of ``memory`` computed once."""
+        """An empty ``KVCache`` for ``capacity`` target positions, the cross-attention K/V of ``memory`` computed.
+
+        Args:
+            memory: (B, S, D), ``encode(src)``; src: (B, S) int, for the key padding mask; capacity: P >= 1.
+        Raises:
+            ValueError: as ``encode`` for ``src``, or a capacity outside [1, max_len].
+        """
 
     def decode(self, tokens: Any, cache: KVCache) -> tuple[Any, KVCache]:
-        """n new tokens (B, n) at positions ``cache.length``.. -> (logits (B, n, V) float32, the cache to use next)."""
+        """n new target tokens at positions ``cache.length`` .. ``cache.length + n - 1`` (decoder of section 3.1).
+
+        The cache passed in is consumed: go on with the returned one (torch writes the given cache in place and
+        returns it; JAX and TensorFlow return a new one).
+
+        Args:
+            tokens: (B, n) int; cache: from ``init_cache`` or the previous ``decode``.
+        Returns:
+            (logits (B, n, V) float32, the cache holding the n new positions).
+        Raises:
+            ValueError: bad token ids, a batch other than the cache's, or more positions than its capacity.
+        """
 
 
 # The module-level functions, as reference signatures: names, argument names, order and defaults.
 
 def Transformer(config: Config, seed: int = 0) -> Model:  # noqa: N802  (a class in every impl)
-    """A model holding ``spec.init_params(config, seed)``."""
+    """A model holding ``spec.init_params(config, seed)``: the same seed gives bit-identical weights in every
+    backend (``spec.init``: each tensor from its own generator seeded by the seed and its name)."""
 
 
 def load_weights(path: str | os.PathLike, config: Config | None = None) -> Model:
-    """A model from a canonical weights file; ``config`` defaults to the stored one (``spec.weights_io``)."""
+    """A model from a canonical weights file (``spec.weights_io``).
+
+    Args:
+        path: a safetensors file written by any backend's ``save_weights``; config: defaults to the stored one.
+    Raises:
+        ValueError: a file that is not canonical, or parameters whose names or shapes differ from ``config``'s.
+    """
 
 
 def save_weights(model: Model, path: str | os.PathLike) -> None:
-    """Write the model's parameters and config as a canonical weights file."""
+    """Write the model's parameters (``config.param_dtype``, schema order) and config as a canonical safetensors
+    file, bit for bit the same from every backend."""
 
 
 def from_params(config: Config, params: dict[str, np.ndarray]) -> Model:
-    """A model holding the canonical ``params`` (``spec.schema`` names, NumPy arrays)."""
+    """A model holding the canonical ``params``.
+
+    Args:
+        config: the model's config; params: {``spec.schema`` name: NumPy array of the schema's shape}.
+    Raises:
+        ValueError: a missing, extra or misshapen parameter (``spec.schema``).
+    """
 
 
 def params_of(model: Model) -> dict[str, np.ndarray]:
@@ -122,33 +147,76 @@ def params_of(model: Model) -> dict[str, np.ndarray]:
 
 
 def greedy_search(model: Model, src: Any, max_new_tokens: int | None = None) -> Any:
-    """Greedy decoding (``spec.search.greedy``): src (B, S) -> tokens (B, L) int64."""
+    """Greedy decoding (``spec.search.greedy_search``), in evaluation mode whatever the model's mode.
+
+    Args:
+        src: (B, S) int; max_new_tokens: the most tokens per row, EOS included (default: the row's non-pad
+            source length + 50, section 6.1).
+    Returns:
+        tokens (B, L) int64, EOS included, right-padded with ``pad_id``.
+    Raises:
+        ValueError: as ``encode`` for ``src``, a ``max_new_tokens`` that is not a positive int, or a limit over
+            ``max_len`` (never silently cut).
+    """
 
 
 def beam_search(model: Model, src: Any, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> Any:
-    """Beam search (``spec.search.beam``): src (B, S) -> tokens (B, L) int64."""
+    """Beam search with the length penalty of Wu et al. (2016) (section 6.1, ``spec.search.beam_search``), in
+    evaluation mode whatever the model's mode.
+
+    Args:
+        src: (B, S) int; beam_size: >= 1; alpha: the length penalty's exponent, >= 0; max_new_tokens: as
+            ``greedy_search``.
+    Returns:
+        tokens (B, L) int64, the best hypothesis per row, EOS included, right-padded with ``pad_id``.
+    Raises:
+        ValueError: as ``greedy_search``, a ``beam_size`` that is not a positive int, or an ``alpha`` that is not
+            finite and >= 0 or whose penalty overflows float32.
+    """
 
 
 def init_train_state(model: Model, train_config: TrainConfig | None = None, seed: int = 0) -> Any:
-    """A fresh ``TrainState``: zero fp32 moments, step 0, the dropout RNG seeded from ``seed`` (section 5.3)."""
+    """A fresh ``TrainState`` (section 5.3): ``step`` 0, ``train_config`` (default ``TrainConfig()``), Adam's
+    zero fp32 moments per canonical parameter, and the dropout RNG, the framework's own, seeded from ``seed``."""
 
 
 def loss_and_gradients(model: Model, src: Any, tgt_in: Any, tgt_out: Any, label_smoothing: float = 0.1
                        ) -> tuple[Any, dict[str, Any]]:
-    """Evaluation mode: the label-smoothed loss (float32 scalar) and {canonical name: float32 gradient}."""
+    """The label-smoothed cross entropy (section 5.4, ``spec.training``) and its gradients, in evaluation mode.
+
+    Args:
+        src: (B, S); tgt_in: (B, T); tgt_out: (B, T) int, the targets (pad positions not counted).
+    Returns:
+        (loss: float32 scalar, {canonical name: float32 gradient of the master weight}, in schema order).
+    Raises:
+        ValueError: as ``__call__``, a ``tgt_out`` of another shape, or no target that is not padding.
+    """
 
 
 def train_step(model: Model, state: Any, src: Any, tgt_in: Any, tgt_out: Any) -> tuple[Any, Model, Any]:
-    """One Adam step in training mode -> (loss before the update, model, state); consumes model and state."""
+    """One Adam step in training mode (section 5.3; dropout at ``config.dropout`` from the state's RNG, never a
+    global one, section 5.4). Consumes model and state: go on with the returned ones (torch and TensorFlow update
+    them in place and return the same objects, JAX returns new ones).
+
+    Returns:
+        (the batch's loss before the update, a float32 scalar; the model; the state, ``step`` + 1).
+    Raises:
+        ValueError: as ``loss_and_gradients``.
+    """
 
 
 def save_train_state(state: Any, path: str | os.PathLike) -> None:
-    """Write Adam's moments (canonical names), the step, the TrainConfig and the RNG state as safetensors."""
+    """Write the state as safetensors: Adam's moments as ``m.<name>`` and ``v.<name>`` (canonical names), the
+    step and ``TrainConfig``, and the RNG state in the framework's own form."""
 
 
 def load_train_state(path: str | os.PathLike, model: Model) -> Any:
-    """The ``TrainState`` a file holds, checked against ``model``'s parameters."""
+    """The ``TrainState`` a file holds; the RNG state of another framework is re-seeded with a warning.
+
+    Raises:
+        ValueError: moments whose names or shapes differ from ``model``'s parameters.
+    """
 
 
 FUNCTIONS: dict[str, Callable] = {f.__name__: f for f in (

@@ -2,7 +2,7 @@
 
     nox -s conformance                              # every backend that has an adapter, in parallel
     nox -s conformance -- reference                 # some backends; pytest options after a second --
-    nox -s bench                                    # speed: every framework, then the report and README section
+    nox -s bench                                    # speed: every framework, then the report and docs/speed.md
     nox -s "bench(framework='jax')" -- --workloads forward --batch 16   # one framework, options to the bench
     nox -s train_demo                               # every backend learns the reverse task; loss plot, accuracies
     nox -s "train_demo(backend='jax')" -- --steps 500 --min-accuracy 0.9   # one backend, options to the demo
@@ -10,7 +10,7 @@
     nox -s text                                     # tools/tests: corpus to BLEU in every backend, the peer; demo
     nox -s translate_demo                           # En->De from the catalogs, 30 min per backend and the peer
     nox -s translate_demo -- --minutes 5 --systems jax   # options to tools.translate_demo
-    nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, README examples
+    nox -s tests mutants lint                       # tests: each package's wheel, its unit tests, the examples
     nox -s golden                                   # rewrite spec/golden
     nox -s golden -- --check                        # regenerate in a temp dir, compare bit for bit
 """
@@ -72,13 +72,13 @@ def bench(session: nox.Session, framework: str) -> None:
 
 @nox.session
 def bench_report(session: nox.Session) -> None:
-    """This run's bench files merged: JSON, Markdown, charts; after a full run, the README's speed section."""
+    """This run's bench files merged: JSON, Markdown, charts; after a full run, docs/speed.md's section."""
     files = sorted((REPORTS / "bench").glob("bench-*.json"))
     if not files:
         session.skip("no bench file from this run")
     session.install(*CONSTRAINTS, "./spec", "./bench")
     session.run("python", "-m", "bench.report", *map(str, files), "--out", str(REPORTS / "bench"),
-                "--readme", str(ROOT / "README.md"))
+                "--doc", str(ROOT / "docs" / "speed.md"))
 
 
 @nox.session
@@ -96,7 +96,7 @@ def train_demo(session: nox.Session, backend: str) -> None:
 @nox.session
 def train_demo_report(session: nox.Session) -> None:
     """This run's training demos: one PNG of the loss curves, one JSON of the accuracies and times; after a run of
-    every framework, both copied to docs/train_demo/ for the README (``tools.train_report``)."""
+    every framework, both copied to docs/train_demo/ for docs/training.md (``tools.train_report``)."""
     files = sorted((REPORTS / "train_demo").glob("*.json"))
     files = [f for f in files if f.name != "train-demo.json"]
     if not files:
@@ -131,11 +131,11 @@ def text(session: nox.Session) -> None:
 def translate_demo(session: nox.Session) -> None:
     """English -> German from the system's gettext catalogs in every backend and the torch peer
     (``tools.translate_demo``); a run with the defaults also copies its report to docs/translate/ and rewrites the
-    README's section."""
+    section of docs/text.md."""
     session.install(*CONSTRAINTS, *TEXT, "matplotlib")
     out, full = REPORTS / "translate", not session.posargs
-    readme = ["--readme", str(ROOT / "README.md")] if full else []
-    session.run("python", "-m", "tools.translate_demo", "--out", str(out), *readme, *session.posargs)
+    doc = ["--doc", str(ROOT / "docs" / "text.md")] if full else []
+    session.run("python", "-m", "tools.translate_demo", "--out", str(out), *doc, *session.posargs)
     if full:
         docs = ROOT / "docs" / "translate"
         docs.mkdir(parents=True, exist_ok=True)
@@ -147,8 +147,8 @@ def translate_demo(session: nox.Session) -> None:
 @nox.parametrize("package", ["spec", "text", "bench", *[f"impl_{b}" for b in BACKENDS if b != "reference"]])
 def tests(session: nox.Session, package: str) -> None:
     """One package as a user gets it: its wheel (no file URL in its metadata) installed with its dependencies
-    from wheels alone (and ``BESIDE``'s packages), its unit tests, then the README's examples for it, run outside
-    the repository."""
+    from wheels alone (and ``BESIDE``'s packages), its unit tests, then the examples of the README and
+    docs/library.md for it, run outside the repository."""
     tmp = Path(session.create_tmp()).resolve()  # absolute: the session leaves the repository below
     session.run("pip", "wheel", "--no-deps", "-q", "-w", str(tmp), "./spec", f"./{package}")
     wheels = {w.name.split("-")[0]: w for w in tmp.glob("*.whl")}
@@ -176,11 +176,12 @@ def _check_metadata(session: nox.Session, wheel: Path) -> None:
 
 
 def _readme_examples(package: str) -> list[str]:
-    """README's Python blocks that import ``package``; the common example (``import impl_torch as T  # or: ...``)
-    once per impl, with the import changed."""
+    """The Python blocks of the README and docs/library.md that import ``package``; the common example
+    (``import impl_torch as T  # or: ...``) once per impl, with the import changed."""
     if not package.startswith("impl_"):
         return []
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    text = "".join((ROOT / f).read_text() for f in ("README.md", "docs/library.md"))
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     common = "import impl_torch as T  # or:"
     return [b.replace("import impl_torch as T", f"import {package} as T") if common in b else b
             for b in blocks if common in b or re.search(rf"^import {package}\b", b, re.M)]

@@ -1,7 +1,7 @@
 """Merge the frameworks' bench files into one JSON, a Markdown report, one PNG chart per workload, and (after a
-full run) the README's speed section.
+full run) the speed section of docs/speed.md.
 
-    python -m bench.report reports/.../bench-*.json --out reports/.../ [--readme README.md]
+    python -m bench.report reports/.../bench-*.json --out reports/.../ [--doc docs/speed.md]
 
 Every ratio compares figures of the same run on the same machine. Utilisation is a forward's FLOP rate
 (``spec.flops``) over the same framework's own matrix-product rate in the same run (the ``matmul`` workload),
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -26,7 +27,7 @@ FRAMEWORKS = ("torch", "jax", "tf")
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling")
 # Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
-RESULTS = Path(__file__).resolve().parent / "results"  # the committed copy the README shows
+RESULTS = Path(__file__).resolve().parent / "results"  # the committed copy docs/speed.md shows
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--readme", type=Path, help="rewrite this README's speed section (full runs only)")
+    p.add_argument("--doc", type=Path, help="rewrite this Markdown file's speed section (full runs only)")
     args = p.parse_args(argv)
     runs = [json.loads(f.read_text()) for f in args.files]
     runs.sort(key=lambda r: FRAMEWORKS.index(r["environment"]["framework"]))
@@ -44,11 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     markdown = report(runs, [c.name for c in charts if c])
     (args.out / "bench.md").write_text(markdown)
     print(markdown)
-    if args.readme:
+    if args.doc:
         if _full(runs):
-            update_readme(args.readme, runs, args.out)
+            update_doc(args.doc, runs, args.out)
         else:
-            print(f"{args.readme} left as it is: only a full run (every framework and workload) rewrites it")
+            print(f"{args.doc} left as it is: only a full run (every framework and workload) rewrites it")
 
 
 def _full(runs: list[dict[str, Any]]) -> bool:
@@ -291,26 +292,26 @@ def _scaling_chart(runs: list[dict[str, Any]], out: Path) -> Path | None:
     return path
 
 
-# ----------------------------------------------------------------- README
+# ----------------------------------------------------------------- docs/speed.md
 
-def update_readme(readme: Path, runs: list[dict[str, Any]], out: Path) -> None:
+def update_doc(doc: Path, runs: list[dict[str, Any]], out: Path) -> None:
     """Copy this run's report and charts to ``results/`` and put its targets and forward tables between the
-    README's bench markers."""
+    bench markers of ``doc``."""
     RESULTS.mkdir(exist_ok=True)
     for f in [*out.glob("bench-*.png"), out / "bench.md", out / "bench.json"]:
         shutil.copy(f, RESULTS / f.name)
-    rel = RESULTS.relative_to(readme.resolve().parent)
+    rel = Path(os.path.relpath(RESULTS, doc.resolve().parent)).as_posix()
     section = "\n".join([BEGIN, "", environment(runs), "", targets(runs), "", timed_table(runs, "forward"), "",
                          generation_table(runs), "",
                          "Training step (forward, backward, Adam; fp32 master weights), ours and each peer's own:", "",
                          timed_table(runs, "train"), "", f"![forward]({rel}/bench-forward.png)",
                          f"![greedy]({rel}/bench-greedy.png)", "",
                          f"Full report: [{rel}/bench.md]({rel}/bench.md); regenerate with `nox -s bench`.", "", END])
-    text = readme.read_text()
+    text = doc.read_text()
     if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme} has no {BEGIN} ... {END} section to rewrite")
-    readme.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S))
-    print(f"rewrote the speed section of {readme} and {RESULTS}")
+        raise ValueError(f"{doc} has no {BEGIN} ... {END} section to rewrite")
+    doc.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S))
+    print(f"rewrote the speed section of {doc} and {RESULTS}")
 
 
 if __name__ == "__main__":

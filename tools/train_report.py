@@ -1,6 +1,6 @@
 """The training demo's runs (``tools.train_demo``, one JSON per framework) merged: one PNG of the loss curves over
 steps beside the held-out accuracy, one JSON of the final accuracies and times, and a Markdown table on stdout; after
-a full run (every framework) both files are copied to ``docs/train_demo/``, which the README shows.
+a full run (every framework) both files are copied to ``docs/train_demo/``, which docs/training.md shows.
 
     python -m tools.train_report reports/.../train_demo/*.json --out reports/.../train_demo/
 """
@@ -19,7 +19,7 @@ matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 FRAMEWORKS = ("torch", "jax", "tf")
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "train_demo"  # the committed copy the README shows
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "train_demo"  # the committed copy docs/training.md shows
 PNG, JSON = "train-demo.png", "train-demo.json"
 SUMMARY = ("accuracy", "steps", "batch", "seed", "train_s", "wall_s", "target", "target_step", "target_s", "version")
 

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--test-limit", type=int, default=None, help="the first N test sentences only")
     p.add_argument("--agreement-sentences", type=int, default=200)
     p.add_argument("--skip-training", action="store_true", help="evaluate the runs already in --out")
-    p.add_argument("--readme", type=Path, help="rewrite this README's translation section from the results")
+    p.add_argument("--doc", type=Path, help="rewrite this Markdown file's translation section (docs/text.md)")
     a, extra = p.parse_known_args(argv)
     systems, start = a.systems.split(","), time.time()
     prepared = prepare(a.out, a.lang)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["wall_s"] = round(time.time() - start)
     (a.out / "translate-demo.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
     from tools import translate_report
-    translate_report.write(result, prepared, a.out, a.readme)
+    translate_report.write(result, prepared, a.out, a.doc)
     return result
 
 

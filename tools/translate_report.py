@@ -70,9 +70,10 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(result: dict, prepared: data.Prepared, out: Path, readme: Path | None = None) -> None:
-    """``translate-demo.md`` and ``translate-demo.png`` in ``out``; with ``readme``, its section between the
-    ``translate:begin`` and ``translate:end`` markers rewritten from the same figures (images from docs/translate/)."""
+def write(result: dict, prepared: data.Prepared, out: Path, doc: Path | None = None) -> None:
+    """``translate-demo.md`` and ``translate-demo.png`` in ``out``; with ``doc`` (docs/text.md), its section between
+    the ``translate:begin`` and ``translate:end`` markers rewritten from the same figures (images from
+    docs/translate/)."""
     plot(result, out / "translate-demo.png")
     c, same = result["corpus"], result.get("same_checkpoint")
     removed = ", ".join(f"{k} {v:,}" for k, v in c["cleaning"].items() if k not in ("whitespace", "kept"))
@@ -101,9 +102,9 @@ def write(result: dict, prepared: data.Prepared, out: Path, readme: Path | None 
     parts += ["![dev BLEU against minutes](translate-demo.png)\n", "### Ten test translations (averaged checkpoints)\n",
               examples(result, prepared, out)]
     (out / "translate-demo.md").write_text("\n".join(parts))
-    if readme is not None:
-        body = "\n".join(parts[1:]).replace("](translate-demo.png)", "](docs/translate/translate-demo.png)")
-        text = readme.read_text()
+    if doc is not None:
+        body = "\n".join(parts[1:]).replace("](translate-demo.png)", "](translate/translate-demo.png)")
+        text = doc.read_text()
         head, rest = text.split("<!-- translate:begin -->", 1)
-        readme.write_text(f"{head}<!-- translate:begin -->\n\n{body}\n<!-- translate:end -->"
+        doc.write_text(f"{head}<!-- translate:begin -->\n\n{body}\n<!-- translate:end -->"
                           f"{rest.split('<!-- translate:end -->', 1)[1]}")

@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-FAMILIES = ("golden", "properties", "errors", "weights")  # in this order; a new test module's family after them
+FAMILIES = ("golden", "training", "properties", "errors", "weights")  # in this order; a new family after them
+BACKENDS = ("reference", "torch", "jax", "tf")  # in this order, the reference first: the others are read against it
 UNIT = {"bfloat16": "bf16 ulps", "float32": "fp32 ulps", "update": "lr steps"}  # "update": weights after Adam
 COLUMNS = ("result", "worst error / limit (% of limit)", "worst tensor", "÷ faithful")  # the last two: wide only
 LAYOUTS = ((False, True), (False, False), (True, True), (True, False))  # (stacked, wide), the most readable first
@@ -34,7 +35,10 @@ LEGEND = ("worst error / limit: the judged tensor nearest its limit (max or RMS 
 
 
 def family_of(check: str, module: str) -> str:
-    """``golden`` for golden checks, otherwise the test module's name: ``test_errors.py`` -> ``errors``."""
+    """``training`` for the golden training cases, ``golden`` for the other golden checks, otherwise the test
+    module's name: ``test_errors.py`` -> ``errors``."""
+    if check.startswith("golden_train"):
+        return "training"
     return "golden" if check.startswith("golden_") else Path(module).stem.removeprefix("test_")
 
 
@@ -68,15 +72,16 @@ def _cell(checks: dict[str, dict], family: bool) -> dict:
 
 
 def rows(reports: list[dict]) -> list[tuple[str, bool, list[dict | None]]]:
-    """(label, is a family line, each backend's cells or None where it lacks the check). A family whose
-    checks every backend ran and passed is one line; otherwise its line is followed by one line per check."""
+    """(label, is a family line, each backend's cells or None where it lacks the check). A family whose checks
+    all passed where they ran is one line (a backend that does not collect some of them shows fewer in its count);
+    otherwise its line is followed by one line per check."""
     found = {e["family"] for r in reports for e in r["checks"].values()}
     out = []
     for fam in sorted(found, key=lambda f: (FAMILIES.index(f) if f in FAMILIES else len(FAMILIES), f)):
         per = [{c: e for c, e in r["checks"].items() if e["family"] == fam} for r in reports]
         out.append((fam, True, [_cell(p, family=True) if p else None for p in per]))
         names = set().union(*per)
-        if any(e["outcome"] != "passed" for p in per for e in p.values()) or any(p.keys() != names for p in per):
+        if any(e["outcome"] != "passed" for p in per for e in p.values()):
             out += [(c, False, [_cell({c: p[c]}, family=False) if c in p else None for p in per])
                     for c in sorted(names)]
     return out
@@ -164,9 +169,12 @@ def show(reports: list[dict]) -> None:
         table = build_table(reports, stacked, wide)
         if console.measure(table, options=unwrapped).maximum - slack <= console.width:
             break
+    verdict = [Text(summary_line(r), "bold yellow" if r["partial"] else "") for r in reports]
+    for line in verdict:  # the verdict first, and again under the table
+        console.print(line)
     console.print(table)
-    for r in reports:
-        console.print(Text(summary_line(r), "bold yellow" if r["partial"] else ""))
+    for line in verdict:
+        console.print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="also write combined JSON and Markdown here")
     args = parser.parse_args(argv)
-    # The reference first: the other backends are read against it.
-    reports = sorted((json.loads(f.read_text()) for f in args.files), key=lambda r: r["backend"] != "reference")
+    reports = sorted((json.loads(f.read_text()) for f in args.files),
+                     key=lambda r: (BACKENDS.index(r["backend"]) if r["backend"] in BACKENDS else len(BACKENDS),
+                                    r["backend"]))
     show(reports)
     if args.out:
         write(reports, args.out, "conformance-combined")

@@ -24,3 +24,38 @@ def test_a_failing_backend_fails_the_run_and_shows_its_log(tmp_path, capsys):
     assert conformance.main(["--report-dir", str(tmp_path), "reference", "--", "--no-such-option"]) == 1
     out = capsys.readouterr().out
     assert "reference: FAILED" in out and "no-such-option" in out and "failed: reference" in out
+
+
+def _report(backend: str, checks: dict[str, tuple[str, str]]) -> dict:
+    """A per-backend report as conformance/conftest.py writes it: {check: (family, outcome)}."""
+    return {"backend": backend, "describe": "", "duration_s": 1.0, "partial": False, "collected": len(checks),
+            "filter": "", "checks": {c: {"family": f, "outcome": o, "message": "", "module": f"test_{f}.py",
+                                         "tensors": [], "duration": 0.1} for c, (f, o) in checks.items()}}
+
+
+def test_the_combined_report_gives_the_verdict_first_in_backend_order(tmp_path, capsys):
+    import json
+
+    from conformance import report
+
+    impl = {"golden_forward[a]": ("golden", "passed"), "golden_forward[b]": ("golden", "passed"),
+            "api_names": ("api", "passed")}
+    files = []
+    for backend, checks in [("tf", impl), ("jax", {**impl, "golden_forward[b]": ("golden", "failed")}),
+                            ("torch", impl), ("reference", {k: v for k, v in impl.items() if k != "api_names"})]:
+        files.append(tmp_path / f"conformance-{backend}.json")
+        files[-1].write_text(json.dumps(_report(backend, checks)))
+    assert report.main([str(f) for f in files]) == 1                          # jax failed a check
+    out = capsys.readouterr().out
+    verdicts = [out.index(f"{b}: ") for b in ("reference", "torch", "jax", "tf")]
+    assert verdicts == sorted(verdicts) and verdicts[-1] < out.index("Conformance report")  # verdict on top
+    assert "api_names" not in out                     # passed wherever it ran: one family line, the reference "-"
+    assert "golden_forward[b]" in out and "golden_forward[a]" in out          # a failure opens its family
+
+
+def test_golden_training_cases_are_training_checks():
+    from conformance import report
+
+    assert report.family_of("golden_train[train_tiny_float32]", "test_golden.py") == "training"
+    assert report.family_of("golden_forward[forward_tiny_float32]", "test_golden.py") == "golden"
+    assert report.family_of("bad_input_forward[x]", "test_errors.py") == "errors"

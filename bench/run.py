@@ -18,6 +18,7 @@ merges the files. Workloads (``--workloads``, default all):
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import json
 import os
@@ -192,7 +193,7 @@ def _machine() -> dict[str, Any]:
     flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
     simd = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
     return {"cpu": cpu, "cores": os.cpu_count(), "simd": simd, "python": platform.python_version(),
-            "os": platform.platform()}
+            "os": platform.platform(), "date": datetime.date.today().isoformat()}
 
 
 def _cpuinfo() -> list[str]:

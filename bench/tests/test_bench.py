@@ -38,6 +38,7 @@ def test_every_workload_is_recorded(bench_run):
         if "timing" in r:
             assert 0 < r["timing"]["median_s"] and r["timing"]["repeats"] >= 1, r
     assert data["environment"]["framework"] == fw
+    assert {"cpu", "cores", "date"} <= data["environment"]["machine"].keys()  # every chart's footnote names them
     # The training step: ours and the stock peer's own, each in mixed precision and fp32, fp32 master weights.
     trains = [r for r in data["records"] if r["workload"] == "train"]
     assert sorted((r["subject"], r["dtype"]) for r in trains) == sorted(

@@ -44,9 +44,8 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import numpy as np
-import safetensors.numpy
 
-from spec import demo, shapes, validate
+from spec import demo, shapes, validate, weights_io
 from spec.config import PRESETS, Config
 from spec.training import TrainConfig
 
@@ -315,8 +314,8 @@ def _rank(engine: Engine) -> int:
 
 
 def _save(path: Path, tensors: dict[str, np.ndarray] | None) -> None:
-    safetensors.numpy.save_file({k: np.ascontiguousarray(v, np.float32) for k, v in (tensors or {}).items()},
-                                str(path))
+    weights_io.write_safetensors(path, {k: np.ascontiguousarray(v, np.float32) for k, v in (tensors or {}).items()},
+                                 {})
 
 
 def _ints(text: str) -> tuple[int, ...]:

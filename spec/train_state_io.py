@@ -17,6 +17,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from spec import weights_io
 from spec.config import Config
 from spec.schema import param_specs
 from spec.training import TrainConfig
@@ -42,7 +43,7 @@ def save(path: str | os.PathLike, state: StoredState) -> None:
     tensors["rng"] = np.ascontiguousarray(state.rng)
     meta = {"step": str(state.step), "train_config": json.dumps(dataclasses.asdict(state.train_config)),
             "framework": state.framework}
-    safetensors.numpy.save_file(tensors, str(path), metadata=meta)
+    weights_io.write_safetensors(path, tensors, meta)
 
 
 def load(path: str | os.PathLike, c: Config) -> StoredState:

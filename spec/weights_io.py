@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import safetensors
@@ -43,6 +44,22 @@ def check_params(c: Config, params: dict[str, np.ndarray]) -> None:
             raise ValueError(f"parameter {name!r}: holds non-finite values")
 
 
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """A safetensors file that is the same bytes for the same tensors and metadata, created with the user's umask.
+
+    safetensors writes its metadata keys in a per-process hash order and ``save_file`` creates files readable by
+    their owner alone; so the header's metadata is put in key order here, and Python writes the file.
+    """
+    blob = safetensors.numpy.save(tensors, metadata=metadata)
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > n:  # the same keys and values in another order: never longer than safetensors' own
+        raise RuntimeError(f"reordered safetensors header grew from {n} to {len(text)} bytes")
+    Path(path).write_bytes(blob[:8] + text.ljust(n) + blob[8 + n:])
+
+
 def save_weights(path: str | os.PathLike, c: Config, params: dict[str, np.ndarray]) -> None:
     """Write ``params`` (checked against ``c``) and ``c`` to a safetensors file.
 
@@ -51,7 +68,7 @@ def save_weights(path: str | os.PathLike, c: Config, params: dict[str, np.ndarra
     """
     check_params(c, params)
     tensors = {s.name: np.ascontiguousarray(params[s.name]) for s in param_specs(c)}
-    safetensors.numpy.save_file(tensors, str(path), metadata={"config": c.to_json()})
+    write_safetensors(path, tensors, {"config": c.to_json()})
 
 
 def read_config(path: str | os.PathLike) -> Config:

@@ -114,19 +114,36 @@ def cmd_average(a: argparse.Namespace) -> None:
     print(f"averaged {len(a.weights)} checkpoints into {a.out}")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` keeps the description's layout and gives every option's default (but None and off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+TRAIN_HELP = {"tokens_per_batch": "positions per side, B * max(S, T), per step (section 5.1)",
+              "warmup_steps": "the schedule's warmup (section 5.3)",
+              "checkpoint_minutes": "minutes of training between checkpoints",
+              "lr_scale": "peak learning rate lr_scale * d_model^-0.5 * warmup_steps^-0.5",
+              "average": "checkpoints averaged at the end (section 6.1)",
+              "dev_sentences": "dev sentences decoded at each checkpoint for BLEU",
+              "seed": "weights, batches and dropout"}
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m text", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m text", description=__doc__, formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    d = argparse.ArgumentDefaultsHelpFormatter
+    d = HelpFormatter
     pre = sub.add_parser("prepare", help="read, clean and split a corpus; train the tokenizer", formatter_class=d)
     pre.add_argument("--catalogs", metavar="LANG", help="English -> LANG from the system's gettext catalogs")
-    pre.add_argument("--locale-dir", default=str(corpus.LOCALE_DIR))
+    pre.add_argument("--locale-dir", default=str(corpus.LOCALE_DIR), help="where the catalogs are")
     pre.add_argument("--tsv", help="one pair per line: source<TAB>target")
     pre.add_argument("--source", help="one source sentence per line (with --target)")
     pre.add_argument("--target", help="one target sentence per line, aligned with --source")
-    pre.add_argument("--out", required=True)
-    pre.add_argument("--vocab-size", type=int, default=8000)
+    pre.add_argument("--out", required=True, help="the prepared corpus: splits, tokenizer, corpus.json")
+    pre.add_argument("--vocab-size", type=int, default=8000, help="the shared SentencePiece vocabulary")
     pre.add_argument("--rules", default=",".join(corpus.DEFAULT_RULES), help="cleaning rules, in order")
     pre.add_argument("--max-words", type=int, default=corpus.MAX_WORDS, help="the too_long rule's limit")
     pre.add_argument("--dev", type=float, default=0.02, help="fraction of near-duplicate groups")
@@ -136,17 +153,17 @@ def parser() -> argparse.ArgumentParser:
     defaults = train.Options()
     tr = sub.add_parser("train", help="train a model on a prepared corpus", formatter_class=d)
     _backend_args(tr)
-    tr.add_argument("--data", required=True)
+    tr.add_argument("--data", required=True, help="a corpus from `prepare`")
     tr.add_argument("--out", required=True, help="run folder: checkpoints, log.jsonl, averaged.safetensors")
-    tr.add_argument("--preset", default="mini", choices=sorted(spec.config.PRESETS))
+    tr.add_argument("--preset", default="mini", choices=sorted(spec.config.PRESETS), help="the model's size")
     tr.add_argument("--minutes", type=float, default=defaults.minutes, help="training time, evaluation excluded")
     tr.add_argument("--steps", type=int, default=None, help="stop after this many steps instead")
     for name in ("tokens_per_batch", "warmup_steps", "checkpoint_minutes", "lr_scale", "average",
                  "dev_sentences", "seed"):
         value = getattr(defaults, name)
-        tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, help=TRAIN_HELP[name])
     tr.add_argument("--checkpoint-steps", type=int, default=None, help="checkpoint every N steps instead")
-    tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(run=cmd_train)
 
     for name, fn, helptext in (("translate", cmd_translate, "translate stdin or --input, one sentence a line"),
@@ -159,15 +176,15 @@ def parser() -> argparse.ArgumentParser:
         if name == "translate":
             s.add_argument("--input", help="default: stdin")
         else:
-            s.add_argument("--data", required=True)
-            s.add_argument("--split", default="test", choices=data.SPLITS)
+            s.add_argument("--data", required=True, help="a corpus from `prepare`")
+            s.add_argument("--split", default="test", choices=data.SPLITS, help="the split scored")
             s.add_argument("--limit", type=int, default=None, help="the first N sentences only")
             s.add_argument("--hypotheses", help="write the translations here")
         s.set_defaults(run=fn)
 
     av = sub.add_parser("average", help="average canonical weights files (section 6.1)", formatter_class=d)
-    av.add_argument("--out", required=True)
-    av.add_argument("weights", nargs="+")
+    av.add_argument("--out", required=True, help="the averaged weights file")
+    av.add_argument("weights", nargs="+", help="canonical weights files of one config")
     av.set_defaults(run=cmd_average)
     return p
 

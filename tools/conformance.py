@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from tools import HelpFormatter
+
 BACKENDS = ("tf", "jax", "torch", "reference")  # the slowest first
 PERCENT = re.compile(rb"\[\s*(\d+)%\]")
 
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(prog="python -m tools.conformance", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("backends", nargs="*", metavar="BACKEND", help=f"of {', '.join(BACKENDS)} (default: all)")
     p.add_argument("--report-dir", type=Path, required=True, help="where the reports and pytest logs go")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="backends run at once")

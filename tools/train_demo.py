@@ -28,6 +28,7 @@ from rich import console, progress
 from spec.config import Config
 from spec.demo import BATCH, DEMO_CONFIG, HELDOUT_SIZE, SEED, STEPS, TRAIN_CONFIG, evaluate, heldout, reverse_batch
 from spec.training import TrainConfig
+from tools import HelpFormatter
 
 BACKENDS = ("torch", "jax", "tf")
 EVAL_EVERY = 100  # steps between held-out evaluations, to record when the accuracy crosses TARGET
@@ -94,12 +95,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     Raises:
         SystemExit: non-zero if the accuracy is below ``--min-accuracy``.
     """
-    p = argparse.ArgumentParser(prog="python -m tools.train_demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.train_demo", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--backend", choices=BACKENDS, required=True, help="the impl that trains: impl_<backend>")
-    p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--batch", type=int, default=BATCH)
-    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--steps", type=int, default=STEPS, help="training steps")
+    p.add_argument("--batch", type=int, default=BATCH, help="sequences per step")
+    p.add_argument("--seed", type=int, default=SEED, help="weights, data and dropout")
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY,
                    help="a checkpoint and held-out evaluations every N steps; 0: at the end only")
     p.add_argument("--out", type=Path, help="write the run (losses per step, accuracy, times) as JSON here")

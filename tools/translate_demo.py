@@ -25,6 +25,7 @@ import numpy as np
 
 from text import agreement, cli, corpus, data
 from text.tokenizer import Tokenizer
+from tools import HelpFormatter
 
 SYSTEMS = {"torch": "torch", "jax": "jax", "tf": "tf", "peer": "tools.peer_torch"}
 BACKENDS = tuple(cli.BACKENDS)   # torch, jax, tf
@@ -119,14 +120,15 @@ def same_checkpoint(out: Path, prepared: data.Prepared, n: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m tools.translate_demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("reports/translate"))
+                                formatter_class=HelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("reports/translate"), help="runs, reports and the plot")
     p.add_argument("--lang", default="de", help="target language of the catalogs")
     p.add_argument("--minutes", type=float, default=30.0, help="training time per system")
-    p.add_argument("--systems", default="torch,jax,tf,peer")
+    p.add_argument("--systems", default="torch,jax,tf,peer", help="comma-separated: backends and the torch peer")
     p.add_argument("--parallel", type=int, default=2, help="trainings at once, each on its own core")
     p.add_argument("--test-limit", type=int, default=None, help="the first N test sentences only")
-    p.add_argument("--agreement-sentences", type=int, default=200)
+    p.add_argument("--agreement-sentences", type=int, default=200,
+                   help="test sentences one checkpoint translates in every backend")
     p.add_argument("--skip-training", action="store_true", help="evaluate the runs already in --out")
     p.add_argument("--doc", type=Path, help="rewrite this Markdown file's translation section (docs/text.md)")
     a, extra = p.parse_known_args(argv)

@@ -32,3 +32,17 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="t.model has 400 pieces, the model's config expects vocab_size 61"):
         cli.main(["translate", "--backend", "torch", "--weights", str(tmp_path / "w.safetensors"), "--tokenizer",
                   str(tmp_path / "t.model")])
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("prepare", ["(default: 8000)", "(default: 0.02)"]),
+    ("train", ["(default: mini)", "(default: 2048)", "(default: 400)", "(default: 0)"]),
+    ("evaluate", ["(default: torch)", "(default: 1)", "(default: test)"]),
+])
+def test_help_gives_the_defaults(command, expected, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # no line breaks inside the texts looked for
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and all(text in out for text in expected), out
+    assert "(default: None)" not in out and "(default: False)" not in out

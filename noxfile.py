@@ -87,7 +87,7 @@ def train_demo(session: nox.Session, backend: str) -> None:
     """One framework trains the demo's model on the reverse task (``tools.train_demo``, the task ``spec.demo``) from
     the same weights and data as the others and must reach 99% held-out exact match; arguments after ``--`` go to
     the demo (a later ``--min-accuracy`` replaces this one)."""
-    session.install(*CONSTRAINTS, "./spec", *PACKAGES[backend], "rich")
+    session.install(*CONSTRAINTS, "./spec", "./text", *PACKAGES[backend], "rich")
     session.notify("train_demo_report")
     session.run("python", "-m", "tools.train_demo", "--backend", backend,
                 "--out", str(REPORTS / "train_demo" / f"{backend}.json"), "--min-accuracy", "0.99", *session.posargs)

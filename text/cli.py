@@ -15,6 +15,7 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -42,7 +43,26 @@ def load_backend(name: str, threads: int | None = None, cores: list[int] | None 
                 f"intra_op_parallelism_threads={threads}"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return importlib.import_module(BACKENDS.get(name, name))
+    return _import_quietly(BACKENDS.get(name, name))
+
+
+def _import_quietly(module: str) -> ModuleType:
+    """``import module`` with what native libraries write to the process's stderr while they load (TensorFlow's
+    start-up log, written before any logging setting applies) held back; shown if the import fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            return importlib.import_module(module)
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _read(a: argparse.Namespace) -> corpus.Read:

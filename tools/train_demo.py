@@ -15,7 +15,6 @@ import argparse
 import collections
 import collections.abc
 import dataclasses
-import importlib
 import json
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from rich import console, progress
 from spec.config import Config
 from spec.demo import BATCH, DEMO_CONFIG, HELDOUT_SIZE, SEED, STEPS, TRAIN_CONFIG, evaluate, heldout, reverse_batch
 from spec.training import TrainConfig
+from text import cli
 from tools import HelpFormatter
 
 BACKENDS = ("torch", "jax", "tf")
@@ -105,9 +105,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, help="write the run (losses per step, accuracy, times) as JSON here")
     p.add_argument("--min-accuracy", type=float, help="exit non-zero if the final exact match is below this")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, help="the framework's intra-op threads (default: the framework's own)")
     args = p.parse_args(argv)
-    T = importlib.import_module(f"impl_{args.backend}")
+    T = cli.load_backend(args.backend, args.threads)
     result = run(T, args.steps, args.batch, args.seed, progress=not args.no_progress, eval_every=args.eval_every)
+    result["threads"] = args.threads
     print(summary(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

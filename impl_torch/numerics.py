@@ -25,24 +25,9 @@ def round_to(p: Tensor, dtype: torch.dtype) -> Tensor:
     the gradient of an fp32 master ``p``, not rounded to ``dtype`` on its way back as autograd's ``.to`` would.
     """
     if p.requires_grad and torch.is_grad_enabled() and p.dtype != dtype:  # else autograd's cast rounds nothing
-        return _Rounded.apply(p, dtype)
+        p0 = p.detach()
+        return p0.to(dtype).float() - (p0 - p)  # exactly the rounded value (p0 - p is +0, r - +0 is r); d/dp = 1
     return p.to(dtype).float()
-
-
-class _Rounded(torch.autograd.Function):
-    """``p.to(dtype).float()`` whose gradient passes through the rounding unchanged."""
-
-    @staticmethod
-    def forward(p: Tensor, dtype: torch.dtype) -> Tensor:
-        return p.to(dtype).float()
-
-    @staticmethod
-    def setup_context(ctx, inputs: tuple[Tensor, torch.dtype], output: Tensor) -> None:
-        ctx.p_dtype = inputs[0].dtype
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return grad.to(ctx.p_dtype), None
 
 
 def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, n_in: int = 1, native_bf16: bool = False
@@ -83,7 +68,7 @@ class _NativeLinear(torch.autograd.Function):
     Forward: weight and bias rounded to bf16 (rule 0), one bf16 GEMM accumulating in fp32, rounded once after
     the bias. Backward, given dy (rows, O) bf16: dx = dy W^T, a bf16 cotangent, is the same kind of product;
     dW = x^T dy and db = sum(dy) are parameter gradients, fp32 by the contract, accumulated in fp32 with no bf16
-    rounding (``_fp32_product``), passed straight through the master weight's bf16 rounding (as ``_Rounded``).
+    rounding, passed straight through the master weight's bf16 rounding (as ``round_to``).
     """
 
     @staticmethod
@@ -100,20 +85,14 @@ class _NativeLinear(torch.autograd.Function):
         x2, wb = ctx.saved_tensors                                              # (rows, I), (I, O) bf16
         need_x, need_w, need_b = ctx.needs_input_grad
         dx = dy @ wb.T if need_x else None                                      # (rows, I) bf16, rounded once
-        dw = _fp32_product(x2.T, dy).to(ctx.w_dtype) if need_w else None        # (I, O) fp32, never bf16
+        # dW (I, O) fp32, never bf16: cuBLAS writes its fp32 accumulator out; the CPU has no ``out_dtype``, so an fp32
+        # GEMM of the exact upcast operands (``.float()`` keeps the strides: the fp32 path's own dW, bit for bit).
+        if need_w and dy.is_cuda:
+            dw = torch.mm(x2.T, dy, out_dtype=torch.float32).to(ctx.w_dtype)
+        else:
+            dw = (x2.T.float() @ dy.float()).to(ctx.w_dtype) if need_w else None
         db = dy.sum(0, dtype=torch.float32).to(ctx.b_dtype) if need_b else None  # (O,) fp32 sum of exact values
         return dx, dw, db
-
-
-def _fp32_product(a: Tensor, b: Tensor) -> Tensor:
-    """a (M, K) @ b (K, N) of bf16 operands -> (M, N) fp32: exact products, fp32 accumulation, no bf16 rounding.
-
-    cuBLAS writes its fp32 accumulator out (``out_dtype``); the CPU has no ``out_dtype``, so an fp32 GEMM of the
-    upcast operands (``.float()`` keeps the strides: autograd's own ``mm`` backward of the fp32 path, bit for bit).
-    """
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32)                          # (M, N) fp32
-    return a.float() @ b.float()                                                # (M, N) fp32
 
 
 def logits(x: Tensor, table: Tensor) -> Tensor:

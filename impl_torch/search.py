@@ -5,9 +5,9 @@ length + 50, ``spec.validate.generation_limits``) and stop a sequence at ``eos_i
 that exclude BOS and include EOS, right-padded with ``pad_id`` to the longest row. Exact ties break toward the
 lower token id (in beam search, the lower flat index ``beam * V + token``). Pad and BOS are never generated
 (``spec.search.forbid_special``). Cross-attention keys/values are computed once per source; each step feeds one
-token per sequence through the cache. Inputs are validated once, up front; the steps then call the model's
-unchecked internals (``model._encode``, ``_init_cache``, ``_decode``). Both compute without dropout (no ``rng``)
-under ``torch.inference_mode``, whatever mode the model is in.
+token per sequence through the cache. Inputs are validated once, up front; the steps then call the unchecked
+internals of ``impl_torch.model`` (``_encode``, ``_init_cache``, ``_decode``). Both compute without dropout (no
+``rng``) under ``torch.inference_mode``, whatever mode the model is in.
 """
 
 from __future__ import annotations

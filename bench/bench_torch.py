@@ -2,12 +2,15 @@
 
 Every subject computes under ``torch.inference_mode()`` in evaluation mode and returns only once the device has
 finished (``.cpu()`` of the result; ``torch.cuda.synchronize()`` on CUDA); the peer's training step (``PeerTrainer``)
-ends with ``loss.item()``. Run by ``bench.run``.
+ends with ``loss.item()``. Run by ``bench.run``. ``AIAYN_TORCH_NATIVE_BF16=1`` in the environment builds ``impl_torch``
+with ``native_bf16=True`` (CPU bf16 products as native bf16 GEMMs; the default: fp32 GEMMs of the upcast operands),
+so a run each way measures both paths.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,11 +23,12 @@ from bench.common import TRAIN, clock, peer_learning_rate
 from spec.config import Config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+NATIVE_BF16 = os.environ.get("AIAYN_TORCH_NATIVE_BF16", "0") == "1"
 
 
 def setup(device: str) -> dict[str, Any]:
     """Process settings for the bench (TF32 off on CUDA, contract rule 8) and the environment to record."""
-    env: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    env: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "native_bf16": NATIVE_BF16}
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # fp32 accumulation (rule 2)
@@ -54,7 +58,7 @@ class Ours:
     name = "impl_torch"
 
     def __init__(self, config: Config, params: dict[str, np.ndarray], device: str):
-        self.model = impl_torch.from_params(config, params, device=device)
+        self.model = impl_torch.from_params(config, params, device=device, native_bf16=NATIVE_BF16)
         self.dtype, self.device = config.dtype, device
 
     def forward(self, src: np.ndarray, tgt_in: np.ndarray) -> None:

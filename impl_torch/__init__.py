@@ -18,36 +18,37 @@ is the common one of ``spec.api``::
     step_logits, cache = model.decode([[1]], cache)   # (B, 1, V) float32; go on with the returned cache
     T.save_weights(model, "model.safetensors")
 
-The PyTorch idioms: ``Transformer`` is an ``nn.Module``, in training mode when new (dropout on; the searches
-always compute in evaluation mode); ``device=`` (keyword) places a model built by ``Transformer``,
-``from_params`` or ``load_weights`` (these two return it in evaluation mode); ``decode`` writes the cache in place
-and returns it. On CUDA, compute inside ``with impl_torch.contract_numerics(): ...``, which turns off TF32 and
-bf16 partial reductions, process-wide flags the library never sets by itself.
+The PyTorch idioms: ``Transformer`` is an ``nn.Module``; ``device=`` (keyword) places a model built by
+``Transformer``, ``from_params`` or ``load_weights`` (these two return it in evaluation mode); ``native_bf16=``
+(keyword, default False) runs CPU bf16 products as native bf16 GEMMs (``impl_torch.numerics``); ``decode``
+writes the cache in place and returns it. Dropout draws only from a ``torch.Generator`` passed explicitly
+(``forward``'s ``rng``; the train state's in ``train_step``), never from torch's global RNG, so a forward
+without one is evaluation whatever the module's mode. On CUDA, compute inside ``with impl_torch.numerics_scope():
+...`` (also named ``contract_numerics``), which turns off TF32 and bf16 partial reductions, process-wide flags
+the library never sets by itself.
 
 Training (section 5, ``spec.training``): ``state = init_train_state(model, train_config=None, seed=0)``;
 ``loss, model, state = train_step(model, state, src, tgt_in, tgt_out)`` updates both in place and returns them;
-``loss_and_gradients(model, src, tgt_in, tgt_out, label_smoothing=0.1)`` gives the loss and fp32 gradients in
-evaluation mode; ``save_train_state(state, path)``, ``load_train_state(path, model)``. Dropout masks come from the
-state's ``torch.Generator``, never from torch's global RNG.
+``loss_and_gradients(model, src, tgt_in, tgt_out, label_smoothing=0.1)`` gives the loss and fp32 gradients
+without dropout; ``save_train_state(state, path)``, ``load_train_state(path, model)``.
 
 Bad token ids and arguments raise the spec's ``ValueError`` (``spec.validate``) before anything is computed;
 NumPy integer and float scalars count as Python ones. Search never generates pad or BOS.
 """
 
-from impl_torch.generate import beam_search, greedy_search
 from impl_torch.layers import (
                                DecoderLayer,
-                               Embedding,
+                               Embedder,
                                EncoderLayer,
                                FeedForward,
                                LayerNorm,
                                MultiHeadAttention,
-                               SublayerConnection,
-                               contract_numerics,
                                positional_encoding,
                                scaled_dot_product_attention,
 )
 from impl_torch.model import Decoder, Encoder, KVCache, Transformer, to_array, to_tensor
+from impl_torch.numerics import numerics_scope
+from impl_torch.search import beam_search, greedy_search
 from impl_torch.train import (
                               TrainState,
                               init_train_state,
@@ -59,11 +60,12 @@ from impl_torch.train import (
 from impl_torch.weights import from_params, load_weights, params_of, save_weights
 
 __version__ = "0.2.0"
+contract_numerics = numerics_scope  # the name the README's CUDA example uses
 
 __all__ = [
-    "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "SublayerConnection", "TrainState", "Transformer", "__version__", "beam_search",
-    "contract_numerics", "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights",
-    "loss_and_gradients", "params_of", "positional_encoding", "save_train_state", "save_weights",
+    "Decoder", "DecoderLayer", "Embedder", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
+    "MultiHeadAttention", "TrainState", "Transformer", "__version__", "beam_search", "contract_numerics",
+    "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights", "loss_and_gradients",
+    "numerics_scope", "params_of", "positional_encoding", "save_train_state", "save_weights",
     "scaled_dot_product_attention", "to_array", "to_tensor", "train_step",
 ]

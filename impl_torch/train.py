@@ -3,7 +3,7 @@
 The definitions are ``spec.training``'s. The model's own forward computes the logits (the numerics contract as in
 evaluation); the loss is computed in fp32 from the float32 logits; gradients are taken with respect to fp32 copies
 of the parameters (``torch.func.functional_call``), so they are fp32 whatever ``param_dtype``, and a bf16 rounding
-of a weight passes its gradient through unchanged (``layers.rounded``). Adam is ``torch.optim.adam.adam``'s fused
+of a weight passes its gradient through unchanged (``numerics.round_to``). Adam is ``torch.optim.adam.adam``'s fused
 kernel for fp32 parameters and a few tensor ops for bf16 ones (the kernel would keep bf16 moments for them, which
 the spec forbids), over moments held here rather than in a ``torch.optim.Adam``: they are canonical (keyed by
 ``spec.schema`` names), so they save and load in every framework.
@@ -11,20 +11,16 @@ the spec forbids), over moments held here rather than in a ``torch.optim.Adam``:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
 import warnings
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim.adam import adam
 
-from impl_torch.generate import evaluating
-from impl_torch.layers import Dropout
 from impl_torch.model import Ids, Transformer, device_ids, host_ids, to_array, to_tensor
 from spec import train_state_io as spec_io
 from spec import training, validate
@@ -35,21 +31,17 @@ from spec.training import TrainConfig
 class TrainState:
     """What training carries from step to step besides the weights (sections 5.3, 5.4).
 
-    ``m``, ``v``: Adam's first and second moments, {canonical name: float32 tensor of the parameter's shape} in
-    ``spec.schema`` order, on the model's device; ``step``: the updates done (0 at first); ``train_config``: the
-    ``spec.training.TrainConfig``; ``rng``: the ``torch.Generator`` (on the model's device) that dropout masks are
+    ``step``: the updates done (0 at first); ``train_config``: the ``spec.training.TrainConfig``; ``m``, ``v``:
+    Adam's first and second moments, {canonical name: float32 tensor of the parameter's shape} in ``spec.schema``
+    order, on the model's device; ``rng``: the ``torch.Generator`` (on the model's device) that dropout masks are
     drawn from. ``train_step`` updates it in place.
     """
 
-    m: dict[str, Tensor]
-    v: dict[str, Tensor]
     step: int
     train_config: TrainConfig
+    m: dict[str, Tensor]
+    v: dict[str, Tensor]
     rng: torch.Generator
-
-
-def _generator(device: torch.device, seed: int) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 def init_train_state(model: Transformer, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
@@ -62,48 +54,51 @@ def init_train_state(model: Transformer, train_config: TrainConfig | None = None
     if not validate.is_int(seed) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     zeros = {name: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for name, p in model.named_parameters()}
-    return TrainState(m=zeros, v={name: z.clone() for name, z in zeros.items()}, step=0,
-                      train_config=TrainConfig() if train_config is None else train_config,
-                      rng=_generator(model.device, int(seed)))
+    return TrainState(step=0, train_config=TrainConfig() if train_config is None else train_config, m=zeros,
+                      v={name: z.clone() for name, z in zeros.items()},
+                      rng=torch.Generator(device=model.embedding.device).manual_seed(int(seed)))
 
 
-def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float = 0.1
-                       ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The label-smoothed loss of ``spec.training`` (section 5.4) and its gradient, in evaluation mode (no dropout).
+def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float = 0.1, *,
+                       rng: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The label-smoothed loss of ``spec.training`` (section 5.4) and its gradient: (loss, a 0-d float32 tensor;
+    {canonical name: float32 gradient of the parameter's shape} in ``spec.schema`` order); without dropout unless
+    an ``rng`` (keyword) is given, dropout's generator. For fp32 parameters computing in bf16 these are the
+    gradients of the fp32 master weights; for bf16 parameters, of their fp32 values.
 
-    src (B, S), tgt_in (B, T), tgt_out (B, T) int ids. Returns (loss, a 0-d float32 tensor; {canonical name: float32
-    gradient of the parameter's shape} in ``spec.schema`` order). For fp32 parameters computing in bf16 these are
-    the gradients of the fp32 master weights; for bf16 parameters, of their fp32 values. The model's mode is left
-    as it was.
+    The forward runs on fp32 leaves standing in for the parameters (``functional_call``): the same values (a bf16
+    parameter's upcast is exact), so the model computes what it always does, while the gradients come out fp32
+    and no ``.grad`` is left on the model.
 
     Raises:
-        ValueError: from ``spec.validate.check_forward`` and ``check_tokens("tgt_out", ...)``, if tgt_out's shape
-            differs from tgt_in's, or if every target is ``pad_id``; before anything is computed.
+        ValueError: from ``spec.validate.check_train_batch``, before anything is computed.
     """
-    _check_batch(model, src, tgt_in, tgt_out)
-    with evaluating(model):
-        return _loss_and_gradients(model, src, tgt_in, tgt_out, label_smoothing)
+    validate.check_train_batch(host_ids(src), host_ids(tgt_in), host_ids(tgt_out), model.config)
+    leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
+    with torch.enable_grad():
+        logits = torch.func.functional_call(model, leaves, (src, tgt_in), {"rng": rng})  # (B, T, V) float32
+        y = device_ids(tgt_out, model.embedding.device)                                  # (B, T)
+        loss = smoothed_loss(logits, y, label_smoothing, model.config.pad_id)             # () float32
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+    return loss.detach(), dict(zip(leaves, grads, strict=True))
 
 
 def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt_out: Ids
                ) -> tuple[Tensor, Transformer, TrainState]:
-    """One Adam step on one batch in training mode (sections 5.3, 5.4): -> (loss, model, state).
+    """One Adam step on one batch with dropout (sections 5.3, 5.4): -> (loss, model, state).
 
-    src (B, S), tgt_in (B, T), tgt_out (B, T) int ids. Dropout at ``config.dropout`` with masks from
-    ``state.rng``; the loss as ``loss_and_gradients`` (label smoothing of ``state.train_config``); Adam's moments
-    and update in fp32 with the learning rate of equation 3 at step ``state.step + 1``; each parameter rounded back
-    to ``config.param_dtype``. ``model`` and ``state`` are updated in place and returned; every submodule is left in
-    the mode it had. The loss (0-d float32) is the batch's before the update.
+    Dropout at ``config.dropout`` with masks from ``state.rng``; the loss as ``loss_and_gradients`` (label
+    smoothing of ``state.train_config``); Adam (``adam_update``). ``model`` and ``state`` are updated in place and
+    returned. The loss (0-d float32) is the batch's before the update.
 
     Raises:
         ValueError: as ``loss_and_gradients``, or if ``state`` was built for another model (parameter names or
             shapes); before anything is computed.
     """
-    _check_batch(model, src, tgt_in, tgt_out)
+    validate.check_train_batch(host_ids(src), host_ids(tgt_in), host_ids(tgt_out), model.config)
     _check_state(model, state)
-    with _training(model, state.rng):
-        loss, grads = _loss_and_gradients(model, src, tgt_in, tgt_out, state.train_config.label_smoothing)
-    _adam_update(model, state, grads)
+    loss, grads = loss_and_gradients(model, src, tgt_in, tgt_out, state.train_config.label_smoothing, rng=state.rng)
+    adam_update(dict(model.named_parameters()), grads, state)
     return loss, model, state
 
 
@@ -126,22 +121,54 @@ def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
             or naming the first moment that is missing, unexpected, or of the wrong shape or dtype for ``model``.
     """
     stored = spec_io.load(path, model.config)
-    moments = [{name: to_tensor(a).to(model.device) for name, a in getattr(stored, k).items()} for k in ("m", "v")]
-    rng = _generator(model.device, 0)
+    device = model.embedding.device
+    moments = [{name: to_tensor(a).to(device) for name, a in getattr(stored, k).items()} for k in ("m", "v")]
+    rng = torch.Generator(device=device).manual_seed(0)
     if stored.framework == "torch" and stored.rng.shape == tuple(rng.get_state().shape):
         rng.set_state(torch.from_numpy(stored.rng))
     else:
         warnings.warn(f"{path}: a train state of framework {stored.framework!r} with another dropout RNG; its "
                       f"moments, step and config are kept, the RNG is seeded afresh from 0, so dropout masks will "
                       f"differ", stacklevel=2)
-    return TrainState(m=moments[0], v=moments[1], step=stored.step, train_config=stored.train_config, rng=rng)
+    return TrainState(step=stored.step, train_config=stored.train_config, m=moments[0], v=moments[1], rng=rng)
 
 
-# ----------------------------------------------------------------- internals
+def smoothed_loss(logits: Tensor, tgt_out: Tensor, label_smoothing: float, pad_id: int, *,
+                  reduction: str = "mean") -> Tensor:
+    """spec.training's label-smoothed loss (section 5.4) of logits (B, T, V) float32 against tgt_out (B, T) int64
+    on their device, in fp32: (1 - eps) NLL + eps mean_v(-log p_v) over the non-pad targets, their mean
+    (``reduction="mean"``) or sum (``"sum"``, which a data-parallel worker divides by the global batch's token
+    count) -> () float32."""
+    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=pad_id,
+                           label_smoothing=label_smoothing, reduction=reduction)        # () float32
 
-def _check_batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> None:
-    """The spec's input checks (``spec.backward.loss_and_gradients``, ``spec.training``'s loss) on host copies."""
-    validate.check_train_batch(host_ids(src), host_ids(tgt_in), host_ids(tgt_out), model.config)
+
+@torch.no_grad()
+def adam_update(params: dict[str, nn.Parameter], grads: dict[str, Tensor], state: TrainState) -> None:
+    """Adam (section 5.3) in fp32 as ``spec.training.adam_update``, the learning rate of equation 3 at
+    ``state.step + 1``: each of ``params`` ({canonical name: parameter}) written in place, ``state``'s moments
+    and step advanced.
+
+    fp32 parameters (fp32 master weights) go through ``torch.optim.adam.adam`` with ``fused=True``, PyTorch's
+    one-pass kernel of the same update (epsilon outside the square root); bf16 parameters keep the tensor ops
+    below (the fused kernel would hold their moments in bf16). ``docs/decisions-torch.md`` has the timings.
+    """
+    tc, t = state.train_config, state.step + 1
+    lr = training.learning_rate(t, params["embedding"].shape[-1], tc.warmup_steps, tc.lr_scale)
+    if all(p.dtype == torch.float32 for p in params.values()):
+        steps = [torch.tensor(float(state.step), device=p.device) for p in params.values()]  # the kernel adds 1
+        adam(list(params.values()), [grads[n] for n in params], [state.m[n] for n in params],
+             [state.v[n] for n in params], [], steps, fused=True, amsgrad=False, beta1=tc.beta1, beta2=tc.beta2,
+             lr=lr, weight_decay=0.0, eps=tc.adam_eps, maximize=False)
+        torch.autograd.graph.increment_version(list(params.values()))  # the kernel leaves the versions as they were
+    else:
+        for name, p in params.items():
+            g, m, v = grads[name], state.m[name], state.v[name]                          # fp32, p's shape
+            m.mul_(tc.beta1).add_(g, alpha=1.0 - tc.beta1)
+            v.mul_(tc.beta2).addcmul_(g, g, value=1.0 - tc.beta2)
+            step = (m / (1.0 - tc.beta1 ** t)) / ((v / (1.0 - tc.beta2 ** t)).sqrt() + tc.adam_eps)  # fp32
+            p.copy_(p.float() - lr * step)                                               # rounded to bf16
+    state.step = t
 
 
 def _check_state(model: Transformer, state: TrainState) -> None:
@@ -156,80 +183,3 @@ def _check_state(model: Transformer, state: TrainState) -> None:
             if getattr(state, k)[name].shape != p.shape:
                 raise ValueError(f"train state: {k}.{name} has shape {tuple(getattr(state, k)[name].shape)}, "
                                  f"the parameter {tuple(p.shape)}")
-
-
-@contextlib.contextmanager
-def _training(model: Transformer, rng: torch.Generator) -> Iterator[None]:
-    """``model`` in training mode with every ``Dropout`` drawing from ``rng``; modes and generators restored after.
-
-    A generator handed to the dropout layers, rather than ``torch.random.fork_rng`` around the step: torch's global
-    RNG is never read, seeded or restored (no process-wide state touched, even for a moment, and no per-device
-    forking), and ``rng`` simply advances, so consecutive steps draw fresh masks and its state is the one saved.
-    """
-    modes = [(m, m.training) for m in model.modules()]
-    generators = [(m, m.generator) for m in model.modules() if isinstance(m, Dropout)]
-    model.train()
-    for d, _ in generators:
-        d.generator = rng
-    try:
-        yield
-    finally:
-        for d, generator in generators:
-            d.generator = generator
-        for m, mode in modes:
-            m.training = mode
-
-
-def _loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float
-                        ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Validated ids -> (loss 0-d float32, {name: float32 gradient}), in whatever mode the model is in.
-
-    The forward runs on fp32 leaves standing in for the parameters (``functional_call``): the same values (a bf16
-    parameter's upcast is exact), so the model computes what it always does, while the gradients come out fp32
-    and no ``.grad`` is left on the model.
-    """
-    leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
-    with torch.enable_grad():
-        logits = torch.func.functional_call(model, leaves, (src, tgt_in))                # (B, T, V) float32
-        loss = _cross_entropy(model, logits, tgt_out, label_smoothing, "mean")           # () float32
-        grads = torch.autograd.grad(loss, list(leaves.values()))
-    return loss.detach(), dict(zip(leaves, grads, strict=True))
-
-
-def _cross_entropy(model: Transformer, logits: Tensor, tgt_out: Ids, label_smoothing: float, reduction: str
-                   ) -> Tensor:
-    """spec.training's label-smoothed loss of logits (B, T, V) float32 against validated tgt_out (B, T), in fp32:
-    (1 - eps) NLL + eps mean_v(-log p_v) over the non-pad targets, their mean (``reduction="mean"``) or sum
-    (``"sum"``, which a data-parallel worker divides by the global batch's token count) -> () float32."""
-    y = device_ids(tgt_out, model.device)                                                # (B, T)
-    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=model.config.pad_id,
-                           label_smoothing=label_smoothing, reduction=reduction)         # () float32
-
-
-@torch.no_grad()
-def _adam_update(model: Transformer, state: TrainState, grads: dict[str, Tensor]) -> None:
-    """Adam (section 5.3) in fp32 as ``spec.training.adam_update``, the learning rate of equation 3 at
-    ``state.step + 1``; each parameter written in place (bumping its version, so no stale fp32 copy is read).
-
-    fp32 parameters (fp32 master weights) go through ``torch.optim.adam.adam`` with ``fused=True``, PyTorch's one-pass
-    kernel of the same update (epsilon outside the square root): at ``base`` size on a 2-core CPU it took 26 ms
-    against 203 ms for the tensor ops below, which bf16 parameters keep (the fused kernel would hold their
-    moments in bf16).
-    """
-    tc, t = state.train_config, state.step + 1
-    lr = training.learning_rate(t, model.config.d_model, tc.warmup_steps, tc.lr_scale)
-    named = dict(model.named_parameters())
-    if all(p.dtype == torch.float32 for p in named.values()):
-        steps = [torch.tensor(float(state.step), device=p.device) for p in named.values()]  # the kernel adds 1
-        adam(list(named.values()), [grads[n] for n in named], [state.m[n] for n in named],
-             [state.v[n] for n in named], [], steps, fused=True, amsgrad=False, beta1=tc.beta1, beta2=tc.beta2,
-             lr=lr, weight_decay=0.0, eps=tc.adam_eps, maximize=False)
-        torch.autograd.graph.increment_version(list(named.values()))  # the kernel leaves the versions as they were
-    else:
-        for name, p in named.items():
-            g, m, v = grads[name], state.m[name], state.v[name]                          # fp32, p's shape
-            m.mul_(tc.beta1).add_(g, alpha=1.0 - tc.beta1)
-            v.mul_(tc.beta2).addcmul_(g, g, value=1.0 - tc.beta2)
-            step = (m / (1.0 - tc.beta1 ** t)) / ((v / (1.0 - tc.beta2 ** t)).sqrt() + tc.adam_eps)  # fp32
-            p.copy_(p.float() - lr * step)                                               # rounded to bf16
-    state.step = t

@@ -1,4 +1,4 @@
-"""Data-parallel training on ``torch.distributed`` (issue 13): the command line of ``spec.data_parallel``.
+"""Data-parallel training on ``torch.distributed``: the command line of ``spec.data_parallel``.
 
     python -m impl_torch.train_dp --data-parallel 2 [--steps N] [--checkpoint-dir D [--resume]] [--record R]
     torchrun --nproc-per-node 2 -m impl_torch.train_dp --data-parallel 2 ...        (the same, launched by hand)
@@ -19,7 +19,7 @@ their shares' gradients, the gradient of the global loss (for W a power of two t
 by W are exact). The loss reported is the sum of the shares (``all_reduce``, a reporting value only). Adam is
 ``impl_torch.train``'s, on the fp32 master weights, identical in every worker.
 
-Dropout. Masks as ``impl_torch.train_step`` draws them (the model's ``Dropout`` layers fed a ``torch.Generator``,
+Dropout. Masks as ``impl_torch.train_step`` draws them (a ``torch.Generator`` passed down as ``rng``,
 never torch's global RNG), each worker from its own generator: worker 0's is the train state's, seeded with
 ``--seed`` as ``init_train_state`` seeds it (so one worker draws the masks ``train_step`` would), worker r > 0's is
 seeded with ``numpy.random.SeedSequence([seed, r])``'s first 32-bit word (a hash: no two workers, and no worker of
@@ -49,10 +49,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.nn.parallel import DistributedDataParallel
 
 import impl_torch
-from impl_torch.layers import contract_numerics
-from impl_torch.model import device_ids
-from impl_torch.train import _adam_update, _check_batch, _check_state, _cross_entropy, _training
-from spec import data_parallel
+from impl_torch.model import device_ids, host_ids
+from impl_torch.numerics import numerics_scope
+from impl_torch.train import adam_update, smoothed_loss
+from spec import data_parallel, validate
 from spec.data_parallel import Batch, Options
 
 MODULE = "impl_torch.train_dp"
@@ -102,14 +102,24 @@ class DataParallel:
         Raises:
             ValueError: from ``spec.validate.check_train_batch`` on the global batch, before anything is computed.
         """
-        _check_batch(self.model, *batch)
+        validate.check_train_batch(*(host_ids(ids) for ids in batch), self.model.config)
         n = data_parallel.token_count(batch[2], self.model.config.pad_id)   # N: the global batch's targets
-        share = self._backward(data_parallel.shard(batch, self.rank, self.world), n)
-        loss = share.clone()                                                # () float32
+        # This worker's forward and backward through DDP on its shard: its share ``sum_local / N``; DDP leaves the
+        # global gradient (the all-reduced average of the workers' ``W * share``) in each parameter's ``.grad``.
+        src, tgt_in, tgt_out = (device_ids(ids, self.model.embedding.device)
+                                for ids in data_parallel.shard(batch, self.rank, self.world))  # (B/W, S|T)
+        self.ddp.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            logits = self.ddp(src, tgt_in, rng=self.state.rng)                              # (B/W, T, V) float32
+            share = smoothed_loss(logits, tgt_out, self.state.train_config.label_smoothing,
+                                  self.model.config.pad_id, reduction="sum") / n            # () float32
+            (share * self.world).backward()  # DDP divides by W while it all-reduces
+        loss = share.detach().clone()                                       # () float32
         dist.all_reduce(loss)  # the sum of the shares: the global loss, for reporting (no gradient flows here)
         # DDP's average over the workers, the global gradient: {name: float32, the parameter's shape}.
-        grads = {name: p.grad for name, p in self.model.named_parameters()}
-        _adam_update(self.model, self.state, grads)
+        params = dict(self.model.named_parameters())
+        grads = {name: p.grad for name, p in params.items()}
+        adam_update(params, grads, self.state)
         kept = {name: g.cpu().numpy().copy() for name, g in grads.items()} if keep_gradient else None
         return float(loss), kept
 
@@ -134,10 +144,10 @@ class DataParallel:
             ValueError: from ``impl_torch.load_weights`` / ``load_train_state`` for a bad or foreign file.
             FileNotFoundError: if this worker's ``rng-<rank>.npy`` is missing.
         """
-        stored = impl_torch.load_weights(directory / "model.safetensors", self.model.config, device=self.model.device)
+        stored = impl_torch.load_weights(directory / "model.safetensors", self.model.config,
+                                         device=self.model.embedding.device)
         self.model.load_state_dict(stored.state_dict())  # in place: DDP's hooks stay on these parameters
         state = impl_torch.load_train_state(directory / "train_state.safetensors", self.model)
-        _check_state(self.model, state)
         if self.rank:
             state.rng.set_state(torch.from_numpy(np.load(directory / f"rng-{self.rank}.npy")))
         self.state = state
@@ -145,20 +155,6 @@ class DataParallel:
     def barrier(self) -> None:
         """Returns once every worker has reached it."""
         dist.barrier()
-
-    def _backward(self, shard: Batch, n: int) -> torch.Tensor:
-        """This worker's forward and backward through DDP: -> its share ``sum_local / N`` (0-d float32, detached);
-        leaves the global gradient (DDP's all-reduced average of ``W * share``'s) in each parameter's ``.grad``."""
-        src, tgt_in, tgt_out = shard                                   # (B/W, S), (B/W, T), (B/W, T) int64
-        device = self.model.device
-        self.ddp.zero_grad(set_to_none=True)
-        with torch.enable_grad(), _training(self.model, self.state.rng):
-            logits = self.ddp(device_ids(src, device), device_ids(tgt_in, device))         # (B/W, T, V) float32
-            summed = _cross_entropy(self.model, logits, tgt_out,
-                                    self.state.train_config.label_smoothing, "sum")         # () float32
-            share = summed / n                                                              # () float32
-            (share * self.world).backward()  # DDP divides by W while it all-reduces
-        return share.detach()
 
 
 def worker_seed(seed: int, rank: int) -> int:
@@ -173,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ``torch.distributed.run`` and returns {"framework", "data_parallel", "launcher"} once every worker succeeded.
 
     Process-wide state, as a command line may: the default process group (destroyed on return), the CUDA device
-    of the worker, ``contract_numerics``' matmul flags for the run; the launcher sets ``OMP_NUM_THREADS`` to 1 for
+    of the worker, ``numerics_scope``'s matmul flags for the run; the launcher sets ``OMP_NUM_THREADS`` to 1 for
     N > 1 workers unless it is set.
 
     Raises:
@@ -184,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     o = data_parallel.options(argv, f"python -m {MODULE}")
     if o.data_parallel > 1 and not _under_torchrun():
         return _launch(o.data_parallel, argv)
-    with _process_group(o.data_parallel), contract_numerics():
+    with _process_group(o.data_parallel), numerics_scope():
         return data_parallel.main(impl_torch, DataParallel, argv)
 
 

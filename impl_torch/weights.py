@@ -17,16 +17,17 @@ from impl_torch.model import Transformer, to_array
 from spec.config import Config
 
 
-def from_params(config: Config, params: dict[str, np.ndarray], *, device: torch.device | str | None = None
-                ) -> Transformer:
-    """A Transformer in eval mode on ``device`` holding the canonical ``params`` of ``config``: {name: array} with
-    the names, shapes and dtypes (``config.param_dtype``, bf16 as ``ml_dtypes.bfloat16``) of ``spec.schema``.
+def from_params(config: Config, params: dict[str, np.ndarray], *, device: torch.device | str | None = None,
+                native_bf16: bool = False) -> Transformer:
+    """A Transformer in eval mode on ``device`` (``native_bf16`` as ``Transformer``'s) holding the canonical
+    ``params`` of ``config``: {name: array} with the names, shapes and dtypes (``config.param_dtype``, bf16 as
+    ``ml_dtypes.bfloat16``) of ``spec.schema``.
 
     Raises:
         ValueError: from ``spec.weights_io.check_params``, naming the offending tensor.
     """
     spec.weights_io.check_params(config, params)
-    return Transformer._of(config, params, device).eval()
+    return Transformer(config, device=device, native_bf16=native_bf16, params=params).eval()
 
 
 def params_of(model: Transformer) -> dict[str, np.ndarray]:
@@ -36,8 +37,9 @@ def params_of(model: Transformer) -> dict[str, np.ndarray]:
 
 
 def load_weights(path: str | os.PathLike, config: Config | None = None, *,
-                 device: torch.device | str | None = None) -> Transformer:
-    """Read a canonical weights file into a Transformer in eval mode on ``device``.
+                 device: torch.device | str | None = None, native_bf16: bool = False) -> Transformer:
+    """Read a canonical weights file into a Transformer in eval mode on ``device`` (``native_bf16`` as
+    ``Transformer``'s).
 
     ``config`` defaults to the one stored in the file; a given one may differ from it only where the weights do
     not depend on it (``spec.weights_io.config_for``, which warns of the difference).
@@ -48,7 +50,7 @@ def load_weights(path: str | os.PathLike, config: Config | None = None, *,
             dtype, or non-finite (``spec.weights_io.load_weights``).
     """
     config, params = spec.weights_io.load_weights(path, config)
-    return from_params(config, params, device=device)
+    return from_params(config, params, device=device, native_bf16=native_bf16)
 
 
 def save_weights(model: Transformer, path: str | os.PathLike) -> None:

@@ -2,12 +2,15 @@
 
 NumPy crosses in both directions: token ids are passed through as given (impl_torch validates them), bf16
 activations come back as ``ml_dtypes.bfloat16``, logits as float32. Runs on CUDA when available, else CPU, inside
-``impl_torch.contract_numerics()`` for the whole session.
+``impl_torch.numerics_scope()`` for the whole session. ``AIAYN_TORCH_NATIVE_BF16=1`` in the environment builds the
+models with ``native_bf16=True`` (CPU bf16 products as native bf16 GEMMs, ``impl_torch.numerics``); the default is
+the library's default, fp32 GEMMs of the upcast operands.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from conformance.adapters.base import train_through_api
 from spec.config import Config
 
 FP32_OUTPUTS = {"pe", "logits"}
+NATIVE_BF16 = os.environ.get("AIAYN_TORCH_NATIVE_BF16", "0") == "1"
 
 
 def _device() -> torch.device:
@@ -35,7 +39,7 @@ class TorchModel:
 
     def _in(self, a: np.ndarray) -> torch.Tensor:
         """A float or bool input array as a tensor on the model's device (ids and masks as they are)."""
-        return impl_torch.to_tensor(np.asarray(a)).to(self.model.device)
+        return impl_torch.to_tensor(np.asarray(a)).to(self.model.embedding.device)
 
     @torch.inference_mode()
     def forward(self, src, tgt_in, intermediates=False):
@@ -74,33 +78,37 @@ class TorchModel:
     def _run_layer(self, layer: str, prefix: str, i: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         m, c = self.model, self.config
         if layer == "positional_encoding":
-            return {"pe": impl_torch.positional_encoding(c.max_len, c.d_model, m.device)}
+            return {"pe": impl_torch.positional_encoding(c.max_len, c.d_model, m.embedding.device)}
         if layer == "embedding":
-            return {"x": m.embed(m.embedding, i["ids"])}
-        if layer == "scaled_dot_product_attention":
-            fused = m.device.type == "cuda"
-            return {"out": impl_torch.scaled_dot_product_attention(i["q"], i["k"], i["v"], i["mask"], fused=fused)}
+            return {"x": m.embedder.encode(i["ids"])}
+        if layer == "scaled_dot_product_attention":  # k, v (B, S, H, K|C) -> heads-major
+            fused = m.embedding.device.type == "cuda"
+            k, v = i["k"].transpose(1, 2), i["v"].transpose(1, 2)
+            return {"out": impl_torch.scaled_dot_product_attention(i["q"], k, v, i["mask"], fused=fused)}
         if layer == "output_projection":
-            return {"logits": m.output_projection(i["h"])}
+            return {"logits": m.embedder.decode(i["h"])}
         mod = m.get_submodule(prefix)
         if layer == "multi_head_attention":
-            return {"out": mod(i["x_q"], i["x_kv"], i["mask"])}
-        if layer == "add_norm":
-            return {"out": mod.add_norm(i["x"], i["y"])}
+            return {"out": mod(i["x_q"], mod.project_kv(i["x_kv"]), i["mask"])}
+        if layer == "add_norm":  # the post-LN residual line: the sum rounded, then the norm
+            return {"out": mod(i["x"] + i["y"])}
         if layer == "feed_forward":
             return {"out": mod(i["x"])}
         if layer == "encoder_layer":
             return {"out": mod(i["x"], i["mask"])}
         if layer == "decoder_layer":
+            B, T, _ = i["y"].shape
+            empty = [i["y"].new_empty(B, c.n_heads, T, d) for d in (c.d_k, c.d_v)]  # the self-attention buffer
             memory_kv = mod.cross_attn.project_kv(i["memory"])
-            return {"out": mod(i["y"], memory_kv, i["memory_mask"], i["self_mask"])}
+            return {"out": mod(i["y"], empty, i["self_mask"], memory_kv, i["memory_mask"], 0)[0]}
         raise ValueError(f"unknown layer {layer!r}")
 
     def save(self, path: Path) -> None:
         impl_torch.save_weights(self.model, path)
 
     def train(self, batches, train_config, record_after):
-        model = impl_torch.from_params(self.config, impl_torch.params_of(self.model)).to(self.model.device)  # a copy
+        model = impl_torch.from_params(self.config, impl_torch.params_of(self.model),  # a copy
+                                       device=self.model.embedding.device, native_bf16=NATIVE_BF16)
         return train_through_api(impl_torch, model, batches, train_config, record_after, self._np)
 
 
@@ -112,11 +120,11 @@ class TorchBackend:
         # Entered for the life of the backend, i.e. the session: the stack holds the contexts (a generator context
         # that is garbage-collected would exit, restoring the flags), and nothing closes it.
         self._session = contextlib.ExitStack()
-        self._session.enter_context(impl_torch.contract_numerics())  # TF32 off, fp32 reductions in bf16 GEMMs (CUDA)
+        self._session.enter_context(impl_torch.numerics_scope())  # TF32 off, fp32 reductions in bf16 GEMMs (CUDA)
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     def load(self, path: Path) -> TorchModel:
-        return TorchModel(impl_torch.load_weights(path, device=_device()))
+        return TorchModel(impl_torch.load_weights(path, device=_device(), native_bf16=NATIVE_BF16))
 
     def describe(self) -> str:
         dev = _device()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import impl_torch
-from impl_torch.layers import layer_norm, project
+from impl_torch.numerics import linear
 from spec import TINY
 from spec.numerics import BF16
 from spec.recording import record, recording, scope
@@ -28,9 +28,9 @@ def test_positional_encoding_is_the_papers_interleaved_table():
     np.testing.assert_array_equal(pe[:, 1::2].numpy(), np.cos(angle).astype(np.float32))
 
 
-def test_project_accumulates_in_fp32_and_rounds_once_after_the_bias():
+def test_linear_accumulates_in_fp32_and_rounds_once_after_the_bias():
     x, w, b = _bf16(3, 4, 64, seed=1), _bf16(64, 16, seed=2), _bf16(16, seed=3)
-    y = project("bld,df->blf", x, w, b)
+    y = linear(x, w, b)
     exact = np.einsum("bld,df->blf", x.double().numpy(), w.double().numpy()) + b.double().numpy()
     once = exact.astype(np.float32).astype(BF16)                           # fp32 accumulator, one bf16 rounding
     assert y.dtype == torch.bfloat16
@@ -42,7 +42,9 @@ def test_project_accumulates_in_fp32_and_rounds_once_after_the_bias():
 def test_layer_norm_statistics_in_fp32():
     x = _bf16(2, 5, 32, seed=4, scale=1e-3)                                # variance ~ eps: eps is visible
     scale, bias = _bf16(32, seed=5).abs() + 0.5, _bf16(32, seed=6)
-    y = layer_norm(x, scale, bias, 1e-6)
+    norm = impl_torch.LayerNorm(TINY.replace(d_model=32, layer_norm_eps=1e-6))
+    norm.scale.data, norm.bias.data = scale, bias
+    y = norm(x)
     xd = x.double()
     ref = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, unbiased=False, keepdim=True) + 1e-6)
     ref = (ref * scale.double() + bias.double()).float().bfloat16()
@@ -51,9 +53,9 @@ def test_layer_norm_statistics_in_fp32():
 
 
 def _attention_inputs(dtype=torch.float32):
-    """q (B, T, H, K), k (B, S, H, K), v (B, S, H, C), mask (B, 1, T, S): the spec's layout."""
+    """q (B, T, H, K), heads-major k (B, H, S, K), v (B, H, S, C), mask (B, 1, T, S)."""
     B, H, T, S, K, C = 2, 3, 4, 6, 16, 8
-    q, k, v = _bf16(B, T, H, K, seed=7), _bf16(B, S, H, K, seed=8), _bf16(B, S, H, C, seed=9)
+    q, k, v = _bf16(B, T, H, K, seed=7), _bf16(B, H, S, K, seed=8), _bf16(B, H, S, C, seed=9)
     mask = torch.ones(B, 1, T, S, dtype=torch.bool)
     mask[1, ..., 4:] = False                                                # row 1: keys 4.. are padding
     return q.to(dtype), k.to(dtype), v.to(dtype), mask
@@ -64,9 +66,9 @@ def test_masked_keys_get_exactly_zero_weight():
     out = impl_torch.scaled_dot_product_attention(q, k, v, mask)
     assert out.shape == (2, 4, 3, 8)                                        # (B, T, H, C)
     v2 = v.clone()
-    v2[1, 4:] = 1e4                                                         # change only masked keys' values
+    v2[1, :, 4:] = 1e4                                                      # change only masked keys' values
     k2 = k.clone()
-    k2[1, 4:] = -k2[1, 4:]
+    k2[1, :, 4:] = -k2[1, :, 4:]
     torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k2, v2, mask), out, rtol=0, atol=0)
 
 
@@ -79,7 +81,7 @@ def test_fully_masked_query_rows_are_finite():
 
 def test_plain_attention_is_equation_1():
     q, k, v, mask = _attention_inputs()
-    qh, kh, vh = (t.double().transpose(1, 2) for t in (q, k, v))           # (B, H, L, K)
+    qh, kh, vh = q.double().transpose(1, 2), k.double(), v.double()          # (B, H, L, K)
     scores = (qh @ kh.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     probs = torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
     want = (probs @ vh).transpose(1, 2)                                     # (B, T, H, C)
@@ -92,12 +94,20 @@ def test_fused_attention_agrees_with_plain_in_float32():
     torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k, v, mask, fused=True), plain)
 
 
-def test_sublayer_connection_post_and_pre_norm(tiny):
-    post, pre = tiny().encoder.layers[0].ffn_norm, tiny(norm_first=True).encoder.layers[0].ffn_norm
-    x, y = _bf16(2, 3, 32, seed=10), _bf16(2, 3, 32, seed=11)
-    torch.testing.assert_close(post(x, lambda h: y), post.add_norm(x, y), rtol=0, atol=0)     # LayerNorm(x + y)
-    sub = lambda h: h * 2                                                                    # noqa: E731
-    torch.testing.assert_close(pre(x, sub), x + sub(layer_norm(x, pre.scale, pre.bias, pre.eps)), rtol=0, atol=0)
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_residual_lines_post_and_pre_norm(tiny, norm_first):
+    """Post-LN (the paper): norm(x + sublayer(x)); pre-LN: x + sublayer(norm(x)); each line recorded."""
+    layer, x = tiny(norm_first=norm_first).encoder.layers[0], _bf16(2, 3, 32, seed=10)
+    with torch.inference_mode(), recording() as rec:
+        out = layer(x, torch.ones(2, 1, 1, 3, dtype=torch.bool))
+    mid, ffn = rec["self_attn.residual"], rec["ffn"]
+    if norm_first:
+        torch.testing.assert_close(ffn, layer.ffn(layer.ffn_norm(mid)), rtol=0, atol=0)
+        torch.testing.assert_close(out, mid + ffn, rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(ffn, layer.ffn(mid), rtol=0, atol=0)
+        torch.testing.assert_close(out, layer.ffn_norm(mid + ffn), rtol=0, atol=0)
+    assert rec["ffn.residual"] is out
 
 
 def test_record_is_a_no_op_outside_recording_and_scopes_nest_inside(tiny):
@@ -111,8 +121,9 @@ def test_record_is_a_no_op_outside_recording_and_scopes_nest_inside(tiny):
         record("top", x)
         with scope("encoder"), scope("layers.0"):
             record("out", x)
-        tiny().encoder.layers[0].ffn_norm(x, lambda h: h, "ffn")           # a layer records relative names
-    assert rec.keys() == {"top", "encoder.layers.0.out", "ffn", "ffn.residual"} and rec["top"] is x
+        tiny().encoder.layers[0](x, torch.ones(2, 1, 1, 3, dtype=torch.bool))  # a layer records relative names
+    assert rec.keys() == {"top", "encoder.layers.0.out", "self_attn", "self_attn.residual", "ffn", "ffn.residual"}
+    assert rec["top"] is x
     record("after", x)
     assert "after" not in rec                                               # the block has closed
 
@@ -122,14 +133,14 @@ def _flags():
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
 
 
-def test_contract_numerics_sets_the_flags_and_restores_them():
+def test_numerics_scope_sets_the_flags_and_restores_them():
     before = _flags()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:
-        with impl_torch.contract_numerics():
+        with impl_torch.numerics_scope():
             assert _flags() == (False, False, False)
         assert _flags() == (True, True, before[2])
-        with pytest.raises(RuntimeError, match="inside"), impl_torch.contract_numerics():
+        with pytest.raises(RuntimeError, match="inside"), impl_torch.numerics_scope():
             raise RuntimeError("inside")
         assert _flags() == (True, True, before[2])                          # restored on an exception too
     finally:
@@ -145,14 +156,13 @@ def test_building_and_running_a_model_changes_no_flag(ids):
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["fp32_gemm", "native_bf16_gemm"])
-def test_cpu_bf16_linear_rounds_once_after_the_bias_on_either_path(native, monkeypatch):
-    """Both CPU paths of ``linear`` (``native_bf16_gemm``) compute round(x W + b) with fp32 accumulation: only the
+def test_cpu_bf16_linear_rounds_once_after_the_bias_on_either_path(native):
+    """Both CPU paths of ``linear`` (``native_bf16``) compute round(x W + b) with fp32 accumulation: only the
     fp32 summation order may flip a rounding, never the double rounding a bias added after the product would make
     (which changes ~30% of the results)."""
-    monkeypatch.setattr(impl_torch.layers, "NATIVE_BF16_GEMM", native)
     x, w, b = _bf16(64, 256, seed=1), _bf16(256, 384, seed=2, scale=256 ** -0.5), _bf16(384, seed=3)
     with torch.inference_mode():
-        got = impl_torch.layers.linear(x, torch.nn.Parameter(w, requires_grad=False), b)   # (64, 384) bf16
+        got = linear(x, torch.nn.Parameter(w, requires_grad=False), b, native_bf16=native)  # (64, 384) bf16
     want = (x.double() @ w.double() + b.double()).float().bfloat16()                      # rounded once
     assert got.dtype == torch.bfloat16
     assert (got != want).float().mean() < 1e-3
@@ -161,19 +171,15 @@ def test_cpu_bf16_linear_rounds_once_after_the_bias_on_either_path(native, monke
 
 def _linear_and_grads(native: bool, x, w, b, dy) -> tuple[torch.Tensor, ...]:
     """y = ``linear(x, w, b)`` under autograd on the native (True) or fp32 (False) CPU path, and dx, dw, db."""
-    before, impl_torch.layers.NATIVE_BF16_GEMM = impl_torch.layers.NATIVE_BF16_GEMM, native
-    try:
-        x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
-        y = impl_torch.layers.linear(x, w, b)                                             # (rows, O) bf16
-        assert (type(y.grad_fn.next_functions[0][0]).__name__ == "_NativeLinearBackward") == native  # under a view
-        return (y.detach(), *torch.autograd.grad(y, (x, w, b), dy))
-    finally:
-        impl_torch.layers.NATIVE_BF16_GEMM = before
+    x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = linear(x, w, b, native_bf16=native)                                               # (rows, O) bf16
+    assert (type(y.grad_fn.next_functions[0][0]).__name__ == "_NativeLinearBackward") == native  # under a view
+    return (y.detach(), *torch.autograd.grad(y, (x, w, b), dy))
 
 
 def test_cpu_bf16_linear_training_paths_agree():
     """The two CPU training paths of ``linear``: native bf16 GEMMs (``_NativeLinear``) and fp32 GEMMs of the upcast
-    operands (autograd through ``rounded``). dW and db are the same bits, fp32 products of the exact bf16 operands
+    operands (autograd through ``round_to``). dW and db are the same bits, fp32 products of the exact bf16 operands
     (not rounded to bf16) passed straight through the weight's bf16 rounding; a bf16 master gets them rounded once.
     y and dx, each rounded once from an fp32 accumulator on both paths, differ only where the two GEMMs' fp32
     summation orders differ by more than the result's bf16 ulp: results that cancel heavily (|x W| far below
@@ -200,7 +206,11 @@ def test_cpu_bf16_linear_training_paths_agree():
             assert ((v - exact).abs() <= 2.0 ** -8 * exact.abs() + 2.0 ** -18 * size).all()
 
 
-def test_native_bf16_gemm_can_be_pinned(monkeypatch):
-    for pinned in (True, False):
-        monkeypatch.setattr(impl_torch.layers, "NATIVE_BF16_GEMM", pinned)
-        assert impl_torch.layers.native_bf16_gemm() is pinned
+@pytest.mark.parametrize("native", [False, True])
+def test_native_bf16_is_a_constructor_option_shown_in_repr_and_passed_to_every_product(native):
+    model = impl_torch.Transformer(TINY, native_bf16=native)
+    assert f"native_bf16={native}" in repr(model)
+    products = [m for m in model.modules() if isinstance(m, impl_torch.MultiHeadAttention | impl_torch.FeedForward)]
+    assert len(products) == 3 * TINY.n_decoder_layers + 2 * TINY.n_encoder_layers
+    assert all(m.native_bf16 is native for m in products)
+    assert impl_torch.Transformer(TINY).native_bf16 is False                              # the default

@@ -118,7 +118,7 @@ def test_kv_cache_fields_and_layouts(ids, tiny):
     assert cache.key_mask.shape == (B, P) and cache.key_mask.dtype == torch.bool and not cache.key_mask.any()
     assert cache.memory_mask.dtype == torch.bool
     torch.testing.assert_close(cache.memory_mask, src != c.pad_id, rtol=0, atol=0)
-    assert cache.length == 0 and cache.capacity == P
+    assert cache.length == 0 and cache.key_mask.shape[1] == P
     tokens = torch.tensor([[1, 5], [1, c.pad_id], [1, 9]])
     logits, returned = m.decode(tokens, cache)
     assert returned is cache and cache.length == 2 and logits.shape == (B, 2, c.vocab_size)
@@ -153,7 +153,7 @@ def test_numpy_capacity_and_negative_stride_ids_accepted(model, ids):
     rest, cache = model.decode(tgt[:, n:], cache)
     torch.testing.assert_close(torch.cat([first, rest], dim=1), model(src.copy(), tgt.copy()), rtol=0,
                                atol=_tol(model))
-    assert cache.capacity == 7 and cache.length == 5
+    assert cache.key_mask.shape[1] == 7 and cache.length == 5
 
 
 @pytest.mark.parametrize("bad, pattern", [
@@ -235,13 +235,18 @@ def test_bad_seed_raises_the_specs_error(seed):
         impl_torch.Transformer(TINY, seed)
 
 
-def test_dropout_in_training_mode_only(ids):
-    """A new model is in training mode, dropout on; ``.eval()`` turns it off."""
+def test_dropout_only_with_a_generator(ids):
+    """Dropout draws from the generator passed as ``rng`` (the same masks for the same seed), never from torch's
+    global RNG; without one the forward is evaluation, whatever the module's mode."""
     model = impl_torch.Transformer(TINY.replace(dropout=0.5))
     src, tgt = ids(41, 2, 6), ids(42, 2, 5, bos=True)
-    assert not torch.equal(model(src, tgt), model(src, tgt))
-    model.eval()
-    torch.testing.assert_close(model(src, tgt), model(src, tgt), rtol=0, atol=0)
+    rng, global_rng = torch.Generator().manual_seed(3), torch.random.get_rng_state()
+    first, second = model(src, tgt, rng=rng), model(src, tgt, rng=rng)
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(model(src, tgt, rng=torch.Generator().manual_seed(3)), first, rtol=0, atol=0)
+    assert torch.equal(torch.random.get_rng_state(), global_rng)
+    assert model.training
+    torch.testing.assert_close(model(src, tgt), model.eval()(src, tgt), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype, cast, param_dtype", [
@@ -259,8 +264,8 @@ def test_a_cast_to_bf16_or_fp32_sets_param_dtype(dtype, cast, param_dtype, ids):
     assert cast(model) is model
     assert model.config == c.replace(param_dtype=param_dtype)
     assert {p.dtype for p in model.parameters()} == {impl_torch.layers.DTYPES[param_dtype]}
-    assert model.embed.pe.dtype == torch.float32
-    torch.testing.assert_close(model.embed.pe, impl_torch.positional_encoding(c.max_len, c.d_model), rtol=0, atol=0)
+    assert model.embedder.pe.dtype == torch.float32
+    torch.testing.assert_close(model.embedder.pe, impl_torch.positional_encoding(c.max_len, c.d_model), rtol=0, atol=0)
     same = impl_torch.from_params(model.config, {k: v.astype(np_dtype(param_dtype)) for k, v in params.items()})
     src, tgt = ids(43, 2, 6), ids(44, 2, 5, bos=True)
     torch.testing.assert_close(model(src, tgt), same(src, tgt), rtol=0, atol=0)
@@ -277,7 +282,7 @@ def test_a_cast_to_another_float_dtype_raises_before_anything_changes(cast, name
     config, params = model.config, impl_torch.params_of(model)
     with pytest.raises(ValueError, match=f"cannot cast the parameters to {name}"):
         cast(model)
-    assert model.config == config and model.embed.pe.dtype == torch.float32
+    assert model.config == config and model.embedder.pe.dtype == torch.float32
     assert all(impl_torch.params_of(model)[n].tobytes() == a.tobytes() for n, a in params.items())
 
 
@@ -287,7 +292,7 @@ def test_moving_device_keeps_config_and_dtypes(ids):
     src, tgt = ids(45, 1, 5), ids(46, 1, 4, bos=True)
     want = model(src, tgt)
     assert model.to("cpu") is model and model.cpu() is model and model.to(device=torch.device("cpu")) is model
-    assert model.config == c and model.embedding.dtype == torch.float32 and model.embed.pe.dtype == torch.float32
+    assert model.config == c and model.embedding.dtype == torch.float32 and model.embedder.pe.dtype == torch.float32
     torch.testing.assert_close(model(src, tgt), want, rtol=0, atol=0)
 
 
@@ -296,8 +301,8 @@ def test_cuda_matches_cpu(ids, tiny):
     cpu = tiny()
     gpu = impl_torch.from_params(cpu.config, impl_torch.params_of(cpu), device="cuda")
     moved = impl_torch.from_params(cpu.config, impl_torch.params_of(cpu)).to("cuda")
-    assert moved.device.type == "cuda" and moved.embed.pe.device.type == "cuda" and moved.config == cpu.config
+    assert moved.embedding.device.type == moved.embedder.pe.device.type == "cuda" and moved.config == cpu.config
     src, tgt = ids(15, 2, 6), ids(16, 2, 5, bos=True)
-    with impl_torch.contract_numerics():
+    with impl_torch.numerics_scope():
         for m in (gpu, moved):
             torch.testing.assert_close(m(src.cuda(), tgt.cuda()).cpu(), cpu(src, tgt), rtol=0, atol=TOL[torch.bfloat16])

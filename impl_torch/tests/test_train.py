@@ -84,7 +84,7 @@ def test_rounding_passes_the_gradient_through_in_fp32():
     """The bf16 rounding of an fp32 master weight: straight-through, the fp32 gradient not rounded to bf16."""
     w = torch.tensor([1.0 + 2.0 ** -12], requires_grad=True)
     g_out = torch.tensor([1.0 + 2.0 ** -20])                             # not a bf16 value
-    (T.layers.rounded(w, torch.bfloat16) * g_out).sum().backward()
+    (T.numerics.round_to(w, torch.bfloat16) * g_out).sum().backward()
     assert w.grad.item() == g_out.item()
 
 
@@ -103,16 +103,15 @@ class _GemmCensus(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native_bf16_gemm", "fp32_gemm"])
-def test_mixed_training_runs_parameter_products_as_native_bf16_gemms(native, monkeypatch):
-    """On a CPU whose native bf16 GEMM is the faster (``layers.native_bf16_gemm``), mixed-precision training runs
-    each parameter product's forward and dx as bf16 GEMMs and only dW as an fp32 one (``layers._NativeLinear``); the
-    tied output projection's three products stay fp32 (rule 7: fp32 logits, fp32 d logits). Issue 10: the training
-    path once ran all of them in fp32, since the native path was taken only outside autograd."""
-    monkeypatch.setattr(T.layers, "NATIVE_BF16_GEMM", native)
+def test_mixed_training_runs_parameter_products_as_native_bf16_gemms(native):
+    """With ``native_bf16``, mixed-precision training runs each parameter product's forward and dx as bf16 GEMMs
+    and only dW as an fp32 one (``numerics._NativeLinear``); without, all as fp32 GEMMs. The tied output
+    projection's three products stay fp32 (rule 7: fp32 logits, fp32 d logits)."""
     c = MIXED.replace(dropout=0.0)
     n = 6 * c.n_encoder_layers + 10 * c.n_decoder_layers           # q, k, v, o (twice in a decoder), W_1, W_2
+    model = T.Transformer(c, seed=0, native_bf16=native)
     with _GemmCensus() as census:
-        T.loss_and_gradients(T.Transformer(c, seed=0), SRC, TGT_IN, TGT_OUT)
+        T.loss_and_gradients(model, SRC, TGT_IN, TGT_OUT)
     if native:
         assert census.counts == {torch.bfloat16: 2 * n, torch.float32: n + 3}
     else:
@@ -160,7 +159,7 @@ def test_updates_keep_param_dtype_and_fp32_moments(param_dtype):
 
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
 def test_forward_after_a_step_reads_the_updated_weights(param_dtype):
-    """The memoised fp32 copies (layers.as_float) are keyed on the parameter's version: a step bumps it."""
+    """A step in place is seen by the next forward: no stale copy of a parameter is read."""
     model = T.Transformer(MIXED.replace(param_dtype=param_dtype), seed=0).eval()
     with torch.inference_mode():
         before = model(SRC, TGT_IN)                                      # fills the fp32 copies
@@ -178,22 +177,32 @@ def test_forward_after_a_step_reads_the_updated_weights(param_dtype):
 def test_dropout_keeps_one_minus_rate_and_scales_by_its_inverse(dtype):
     """Kept fraction within 5 standard deviations of 1 - rate; kept values x / (1 - rate), rounded once."""
     rate, n = 0.1, 200_000
-    drop = T.layers.Dropout(rate)
-    drop.generator = torch.Generator().manual_seed(0)
     x = torch.linspace(0.5, 2.0, n).to(dtype)                           # (n,)
-    y = drop(x)
+    y = T.layers.dropout(x, rate, torch.Generator().manual_seed(0))
     kept = y != 0
     sigma = np.sqrt(rate * (1 - rate) / n)
     assert abs(kept.float().mean().item() - (1 - rate)) <= 5 * sigma
     torch.testing.assert_close(y[kept], (x[kept].float() / (1 - rate)).to(dtype), rtol=0, atol=0)
-    torch.testing.assert_close(drop.eval()(x), x, rtol=0, atol=0)
+    assert T.layers.dropout(x, rate, None) is x                         # evaluation: the identity
+
+
+class _MaskCensus(TorchDispatchMode):
+    """Counts the dropout masks (``aten.bernoulli_``) drawn inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.bernoulli_.float, torch.ops.aten.bernoulli_.Tensor)
+        return func(*args, **(kwargs or {}))
 
 
 def test_dropout_sits_on_both_embeddings_and_every_sublayer():
     c = spec.preset("tiny")
-    drops = [m for m in T.Transformer(c, seed=0).modules() if isinstance(m, T.layers.Dropout)]
-    assert len(drops) == 1 + 2 * c.n_encoder_layers + 3 * c.n_decoder_layers   # one Embedding serves both stacks
-    assert all(d.p == c.dropout for d in drops)
+    with _MaskCensus() as census:
+        T.Transformer(c, seed=0)(SRC, TGT_IN, rng=torch.Generator().manual_seed(0))
+    assert census.count == 2 + 2 * c.n_encoder_layers + 3 * c.n_decoder_layers
 
 
 def test_evaluation_is_drop_free_and_leaves_the_mode():
@@ -235,7 +244,6 @@ def test_train_step_restores_every_submodule_mode():
     modes = [m.training for m in model.modules()]
     T.train_step(model, T.init_train_state(model), SRC, TGT_IN, TGT_OUT)
     assert [m.training for m in model.modules()] == modes
-    assert all(d.generator is None for d in model.modules() if isinstance(d, T.layers.Dropout))
 
 
 def test_library_changes_no_global_state(tmp_path):
@@ -347,6 +355,6 @@ def test_bad_seeds_are_rejected(seed):
 def test_train_state_fields():
     model = T.Transformer(MIXED, seed=0)
     state = T.init_train_state(model)
-    assert [f.name for f in dataclasses.fields(state)] == ["m", "v", "step", "train_config", "rng"]
+    assert [f.name for f in dataclasses.fields(state)] == ["step", "train_config", "m", "v", "rng"]
     assert state.step == 0 and state.train_config == training.TrainConfig() and isinstance(state.rng, torch.Generator)
     assert list(state.m) == [s.name for s in param_specs(MIXED)]

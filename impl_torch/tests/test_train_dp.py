@@ -1,4 +1,4 @@
-"""Data-parallel training on DDP (``impl_torch.train_dp``, issue 13): two workers against one, resume, a killed
+"""Data-parallel training on DDP (``impl_torch.train_dp``): two workers against one, resume, a killed
 worker. One worker runs in this process through ``main``; two run as ``python -m impl_torch.train_dp``, which
 launches them under torchrun (about 3.5 s a launch on 2 CPU cores, most of it starting three Pythons)."""
 

@@ -1,0 +1,161 @@
+"""Greedy and beam search with the KV cache (section 6.1), step for step the algorithms of ``spec.search``.
+
+Both start from ``bos_id``, generate at most ``limit_b`` tokens for sequence b (default: its non-pad source
+length + 50, ``spec.validate.generation_limits``) and stop a sequence at ``eos_id``. Output: (B, L) int64 tokens
+that exclude BOS and include EOS, right-padded with ``pad_id`` to the longest row. Exact ties break toward the
+lower token id (in beam search, the lower flat index ``beam * V + token``). Pad and BOS are never generated
+(``spec.search.forbid_special``). Cross-attention keys/values are computed once per source; each step feeds one
+token per sequence through the cache. Inputs are validated once, up front; the steps then call the unchecked
+internals of ``impl_torch.model`` (``_encode``, ``_init_cache``, ``_decode``). Both compute without dropout (no
+``rng``) under ``torch.inference_mode``, whatever mode the model is in.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import Tensor
+
+from impl_torch.model import Ids, Transformer, _decode, _encode, _init_cache, device_ids, host_ids
+from spec import validate
+from spec.search import length_penalty
+
+if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
+    from jaxtyping import Int
+
+
+@torch.inference_mode()
+def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> Int[Tensor, "B L"]:
+    """Greedy decoding (section 6.1, ``spec.search.greedy_search``): src (B, S) int ids -> tokens (B, L) int64
+    on the model's device.
+
+    Raises:
+        ValueError: from ``spec.validate.check_source`` and ``spec.validate.generation_limits``.
+    """
+    c, dev = model.config, model.embedding.device
+    host = host_ids(src)
+    validate.check_source(host, c)
+    limits = validate.generation_limits(host, c, max_new_tokens)
+    src, L = device_ids(src, dev), int(limits.max())
+    cache = _init_cache(model, _encode(model, src), src, L)
+    special = torch.tensor([c.pad_id, c.bos_id], device=dev)                   # never generated
+    limit = torch.as_tensor(limits, device=dev)                                # (B,)
+    out = torch.full((len(limits), L), c.pad_id, dtype=torch.long, device=dev)
+    done = torch.zeros(len(limits), dtype=torch.bool, device=dev)
+    tokens = torch.full((len(limits),), c.bos_id, dtype=torch.long, device=dev)
+    for t in range(L):
+        logits = _decode(model, tokens[:, None], cache)[:, 0].index_fill(-1, special, -torch.inf)  # (B, V) fp32
+        tokens = logits.argmax(dim=-1).masked_fill(done, c.pad_id)              # argmax: first of equal maxima
+        out[:, t] = tokens
+        done |= (tokens == c.eos_id) | (t + 1 >= limit)
+        if bool(done.all()):
+            return out[:, :t + 1]
+    return out
+
+
+class BeamState(NamedTuple):
+    """The live state of a batched beam search over B sources, k beams each: alive_seq (B, k, t) int64, the alive
+    hypotheses; alive_lp (B, k) fp32, their log-probabilities; fin_seq (B, k, L) int64, the finished ones padded
+    to L; fin_score (B, k) fp32, their length-penalised scores (-inf: an empty slot)."""
+
+    alive_seq: Tensor
+    alive_lp: Tensor
+    fin_seq: Tensor
+    fin_score: Tensor
+
+
+@torch.inference_mode()
+def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
+                max_new_tokens: int | None = None) -> Int[Tensor, "B L"]:
+    """Beam search (section 6.1, ``spec.search.beam_search``) with the length penalty ((5 + |Y|) / 6)^alpha
+    (Wu et al., 2016; the paper: beam 4, alpha 0.6), batched over sources: src (B, S) int ids -> tokens (B, L)
+    int64 on the model's device.
+
+    Per source, as ``spec.search``: k alive hypotheses and k finished slots; each step takes the top 2k of
+    alive log-probability + log_softmax(logits) (ties to the lower flat index), keeps the first k non-EOS as
+    alive and merges the EOS ones, scored cand / lp(t), into the finished (old before new on ties); a source stops
+    at its limit or when its worst finished score >= best alive / lp(limit). Result: best finished, else best alive.
+
+    Raises:
+        ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
+    """
+    c, V, dev = model.config, model.config.vocab_size, model.embedding.device
+    host = host_ids(src)
+    validate.check_source(host, c)
+    limits = validate.generation_limits(host, c, max_new_tokens)
+    validate.check_beam(beam_size, alpha, limits)
+    k, alpha = int(beam_size), float(alpha)
+    B, L = len(limits), int(limits.max())
+    src = device_ids(src, dev)
+    memory = _encode(model, src).repeat_interleave(k, dim=0)                        # (B*k, S, D): encoded once
+    cache = _init_cache(model, memory, src.repeat_interleave(k, dim=0), L)
+    f32 = {"dtype": torch.float32, "device": dev}
+    special = torch.tensor([c.pad_id, c.bos_id], device=dev)                       # never generated
+    max_lp = torch.tensor([length_penalty(int(n), alpha) for n in limits], **f32)  # (B,) lp(limit_b)
+    alive_lp = torch.full((B, k), -torch.inf, **f32)                               # (B, k): only beam 0 alive
+    alive_lp[:, 0] = 0.0
+    s = BeamState(alive_seq=torch.zeros(B, k, 0, dtype=torch.long, device=dev), alive_lp=alive_lp,
+                  fin_seq=torch.full((B, k, L), c.pad_id, dtype=torch.long, device=dev),
+                  fin_score=torch.full((B, k), -torch.inf, **f32))
+    tokens = torch.full((B * k,), c.bos_id, dtype=torch.long, device=dev)
+    rows = torch.arange(B, device=dev)[:, None] * k                                 # (B, 1) first row of each source
+    results: list[Tensor | None] = [None] * B
+    for t in range(1, L + 1):
+        logits = _decode(model, tokens[:, None], cache)[:, 0]                       # (B*k, V) fp32
+        logp = torch.log_softmax(logits, dim=-1).index_fill(-1, special, -torch.inf)  # over all of V, then -inf
+        cand = (s.alive_lp[..., None] + logp.view(B, k, V)).view(B, k * V)
+        top = _top(cand, 2 * k)                                                     # (B, 2k)
+        beam, tok, score = top // V, top % V, cand.gather(1, top)
+        seq = torch.cat([s.alive_seq.take_along_dim(beam[..., None], 1), tok[..., None]], dim=-1)  # (B, 2k, t)
+        is_eos = tok == c.eos_id
+
+        alive_score = score.masked_fill(is_eos, -torch.inf)
+        alive = alive_score.sort(dim=-1, descending=True, stable=True).indices[:, :k]  # (B, k)
+        tokens = tok.gather(1, alive).flatten()
+        # The cache's self-attention state to the surviving beams' rows, the written prefix only (cross-attention
+        # state is per source, the same for every beam of it).
+        picked, n = (rows + beam.gather(1, alive)).flatten(), cache.length
+        for ck, cv in cache.self_kv:
+            ck[:, :, :n], cv[:, :, :n] = ck[picked, :, :n], cv[picked, :, :n]
+        cache.key_mask[:, :n] = cache.key_mask[picked, :n]
+
+        new_score = torch.where(is_eos, score / torch.tensor(length_penalty(t, alpha), **f32), -torch.inf)
+        merged = torch.cat([s.fin_score, new_score], dim=1)                         # (B, 3k): old before new
+        keep = merged.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+        padded = torch.cat([s.fin_seq, torch.nn.functional.pad(seq, (0, L - t), value=c.pad_id)], dim=1)
+        s = BeamState(seq.take_along_dim(alive[..., None], 1), alive_score.gather(1, alive),
+                      padded.take_along_dim(keep[..., None], 1), merged.gather(1, keep))
+
+        stop = (s.fin_score.min(dim=1).values >= s.alive_lp.max(dim=1).values / max_lp).cpu().numpy() | (t == limits)
+        for b in stop.nonzero()[0]:
+            if results[b] is None:  # the best finished up to its EOS, else (none finished) the best alive
+                fin = s.fin_seq[b, 0]
+                results[b] = fin[:int((fin == c.eos_id).nonzero()[0]) + 1] if torch.isfinite(s.fin_score[b, 0]) \
+                    else s.alive_seq[b, 0]
+        if all(r is not None for r in results):
+            break
+    out = torch.full((B, max(len(r) for r in results)), c.pad_id, dtype=torch.long, device=dev)
+    for b, r in enumerate(results):
+        out[b, :len(r)] = r
+    return out
+
+
+def _top(x: Tensor, n: int) -> Tensor:
+    """x (B, N) -> (B, n) indices of the n largest per row, equal values in index order (``spec.search``): the
+    stable descending sort's first n, without sorting all of x.
+
+    ``topk`` finds the n-th largest value; every entry at least that large (n of them, more on ties) is kept in
+    index order and only those are sorted, stably. Rows with many ties at the threshold (-inf) sort everything.
+    """
+    keep = x >= x.topk(n, dim=-1).values[:, -1:]                           # (B, N): n or more per row
+    counts = keep.sum(dim=-1)                                               # (B,)
+    m = int(counts.max())
+    if m > 4 * n:
+        return x.sort(dim=-1, descending=True, stable=True).indices[:, :n]
+    rows, cols = keep.nonzero(as_tuple=True)                                # row-major: index order per row
+    pos = torch.arange(len(cols), device=x.device) - (counts.cumsum(0) - counts)[rows]
+    idx = torch.zeros(x.shape[0], m, dtype=torch.long, device=x.device)     # (B, m), padded after the kept
+    vals = torch.full((x.shape[0], m), -torch.inf, dtype=x.dtype, device=x.device)
+    idx[rows, pos], vals[rows, pos] = cols, x[rows, cols]
+    return idx.gather(1, vals.sort(dim=-1, descending=True, stable=True).indices[:, :n])  # pads sort last

@@ -1,4 +1,4 @@
-"""Weights: canonical names <-> the model, a bit-exact file round trip, the spec's errors."""
+"""Weights: canonical names <-> the model (its key paths), the spec's checks on save and load."""
 
 from __future__ import annotations
 
@@ -13,19 +13,6 @@ from impl_jax import layers
 from spec.config import BASE, TINY
 from spec.init import init_params
 from spec.schema import param_specs
-from spec.weights_io import load_weights
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_round_trip_is_bit_exact(dtype, tmp_path):
-    c = TINY.replace(dtype=dtype, param_dtype=dtype, norm_first=True)
-    flat = init_params(c, 5, observable=True)
-    impl_jax.save_weights(impl_jax.from_params(c, flat), tmp_path / "a.safetensors")
-    back = impl_jax.load_weights(tmp_path / "a.safetensors")
-    assert isinstance(back, impl_jax.Transformer) and back.config == c
-    for name, a in load_weights(tmp_path / "a.safetensors")[1].items():
-        assert a.dtype == flat[name].dtype and a.tobytes() == flat[name].tobytes(), name
-    assert {k: v.tobytes() for k, v in impl_jax.params_of(back).items()} == {k: v.tobytes() for k, v in flat.items()}
 
 
 def test_params_of_is_canonical_in_schema_order_and_stored_dtype():
@@ -72,9 +59,3 @@ def test_save_checks_against_the_schema(tmp_path):
     with pytest.raises(ValueError, match=r"parameter 'encoder\.layers\.0\.ffn\.b_2': expected shape"):
         impl_jax.save_weights(m, tmp_path / "bad.safetensors")
     assert not (tmp_path / "bad.safetensors").exists()
-
-
-def test_corrupt_file_is_named(tmp_path):
-    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(ValueError, match="junk.safetensors"):
-        impl_jax.load_weights(tmp_path / "junk.safetensors")

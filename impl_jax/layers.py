@@ -212,10 +212,12 @@ class DecoderLayer(Module):
 
     def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
         eps = config.layer_norm_eps
-        vars(self).update({a: MultiHeadAttention(params, f"{name}.{a}") for a in ("self_attn", "cross_attn")},
-                          **{n: LayerNorm(params, f"{name}.{n}", eps)
-                             for n in ("self_attn_norm", "cross_attn_norm", "ffn_norm")},
-                          ffn=FeedForward(params, f"{name}.ffn"), config=config)
+        vars(self).update(self_attn=MultiHeadAttention(params, f"{name}.self_attn"),
+                          self_attn_norm=LayerNorm(params, f"{name}.self_attn_norm", eps),
+                          cross_attn=MultiHeadAttention(params, f"{name}.cross_attn"),
+                          cross_attn_norm=LayerNorm(params, f"{name}.cross_attn_norm", eps),
+                          ffn=FeedForward(params, f"{name}.ffn"), ffn_norm=LayerNorm(params, f"{name}.ffn_norm", eps),
+                          config=config)
 
     def forward(self, y: jax.Array, self_kv: KV, self_mask: jax.Array, memory_kv: KV, memory_mask: jax.Array,
                 start: jax.Array | int, rng: jax.Array | None = None) -> tuple[jax.Array, KV]:

@@ -1,116 +1,72 @@
-"""The Transformer's layers as pure JAX functions of (parameter subtree, activations) (Vaswani et al., 2017).
+"""The Transformer's layers (Vaswani et al., 2017) as JAX modules: frozen dataclasses registered as pytrees.
 
-Numerics follow ``spec.numerics``: in bf16 mode every matrix product takes bf16
-operands, accumulates in fp32 (``preferred_element_type``) and is rounded to
-bf16 once, after its bias; attention scores, softmax and LayerNorm statistics
-stay fp32. In fp32 mode the same code runs in fp32 with ``Precision.HIGHEST``
-so no product runs as TF32 or bf16 passes on an accelerator.
+A layer's parameters are its data fields (leaves, or submodules), its configuration its static fields (aux data),
+so a layer passes through ``jax.jit``, ``jax.grad`` and ``jax.tree.map`` like any pytree. Each is built from the
+canonical ``{name: array}`` of ``spec.schema`` and the layer's name in it (``"decoder.layers.1.cross_attn"``), and
+its key paths are those names. Numerics follow ``spec.numerics`` through ``impl_jax.numerics``.
 
-Layers ``record`` named intermediates (``spec.shapes.intermediates``, ``spec.recording``); they are
-kept only inside a ``recording`` block, by the name joined to the enclosing
-``scope``s. Under ``jit`` this happens at trace time: the traced function opens
-the block and returns the dict of tracers.
+Layers ``record`` named intermediates (``spec.shapes.intermediates``, ``spec.recording``); they are kept only inside
+a ``recording`` block, by the name joined to the enclosing ``scope``s. Under ``jit`` this happens at trace time.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from collections.abc import Callable
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from impl_jax import numerics
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
 from spec.recording import record
 
-Params = dict
 F32 = jnp.float32
-
-# XLA may keep a value in fp32 across a bf16 rounding the program asks for ("excess precision", on by default): it
-# skipped the rounding of residual sums before LayerNorm (rule 5), so 90 to 186 of the 256 elements of each
-# residual and layer output of a tiny bf16 encoder differed from the same operations run one by one, and in
-# training a ReLU input near zero could land on the other side. Every jit of impl_jax compiles with it off; a
-# caller who jits the model in a jit of their own passes these options to it too (``jax.jit(f,
-# compiler_options=impl_jax.layers.XLA_OPTIONS)``): JAX takes compiler options from the outermost jit only.
-XLA_OPTIONS = {"xla_allow_excess_precision": False}
+KV = tuple[jax.Array, jax.Array]
 
 
-def jit(fun: Callable, **kwargs) -> Callable:
-    """``jax.jit(fun, **kwargs)`` compiled with ``XLA_OPTIONS`` when called at the top level; inside a caller's
-    trace it is traced into the caller's program, whose jit decides the options (JAX refuses them nested)."""
-    compiled, nested = jax.jit(fun, compiler_options=XLA_OPTIONS, **kwargs), jax.jit(fun, **kwargs)
+class Module:
+    """Base of every layer and of the model, in the Equinox style: a subclass is a frozen dataclass whose fields
+    are set once by its ``__init__`` (``vars(self).update``) and a pytree whose children are its data fields and
+    whose aux data are its ``static`` fields (``dataclasses.field(metadata={"static": True})``). Unflattening
+    rebuilds a module from its fields without calling ``__init__``; calling a module calls its ``forward``."""
 
-    @functools.wraps(fun)
-    def call(*args, **kw):
-        traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kw)))
-        return (nested if traced else compiled)(*args, **kw)
-    call._cache_size = compiled._cache_size  # programs compiled at the top level (the tests count them)
-    return call
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(init=False, repr=False, eq=False, frozen=True)(cls)
+        fields = dataclasses.fields(cls)
+        data = [f.name for f in fields if not f.metadata.get("static")]
+        meta = [f.name for f in fields if f.metadata.get("static")]
 
+        def unflatten(aux: tuple, children: list) -> Module:
+            module = object.__new__(cls)
+            vars(module).update(zip(meta, aux, strict=True), **dict(zip(data, children, strict=True)))
+            return module
 
-# A product of two bf16 values is exact in fp32, so an fp32 product of bf16 operands upcast to fp32 (fp32
-# accumulator, fp32 result) is the contract's product exactly as a bf16-operand dot with an fp32 accumulator is
-# (up to the order of the fp32 sums, which the contract leaves free). Which one is faster depends on the shape.
-# On an x86-64 CPU (XLA CPU) the bf16-operand dot runs well below the fp32 dot's rate on compute-bound products,
-# while the upcast costs a pass over both operands on every call, the whole weight matrix or KV cache included.
-# So products with many rows (M, per matrix of a batched product: the teacher-forced forward, the encoder) are
-# faster upcast, and few-row products (a decode step's projections, logits and attention over the cache, where
-# reading the other operand dominates) are faster with bf16 operands. The crossover, measured on (M, 512) x
-# (512, 512 | 2048 | 37000) and (M, 2048) x (2048, 512) products, lies near M = 256 rows for every shape; the
-# timings are in the bench report (``nox -s bench``). The choice is made at trace time from static shapes.
-UPCAST_MIN_ROWS = 256
+        jax.tree_util.register_pytree_with_keys(
+            cls, lambda m: ([(jax.tree_util.GetAttrKey(n), getattr(m, n)) for n in data],
+                            tuple(getattr(m, n) for n in meta)),
+            unflatten, lambda m: ([getattr(m, n) for n in data], tuple(getattr(m, n) for n in meta)))
 
-
-def upcast_operands(rows: int, dtype: jnp.dtype) -> bool:
-    """Whether a product whose matrices have ``rows`` rows (M; batch axes excluded) and operands in ``dtype``
-    runs as an fp32 product of upcast operands: bf16 with ``rows >= UPCAST_MIN_ROWS``.
-
-    Either way the result is the contract's (the comment above); only the speed differs.
-    """
-    return jnp.dtype(dtype) == jnp.bfloat16 and rows >= UPCAST_MIN_ROWS
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
 
 
-def einsum_f32(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """einsum with fp32 accumulation and result; HIGHEST pins fp32 operands to true fp32 products.
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout (section 5.4): each element kept with probability 1 - rate and scaled by 1 / (1 - rate)
+    in fp32, rounded once to x's dtype. The identity when ``rng`` is None (evaluation) or ``rate`` is 0."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)                       # x's shape, True = kept
+    return jnp.where(keep, x.astype(F32) / (1.0 - rate), 0.0).astype(x.dtype)
 
-    bf16 operands are upcast to fp32 first where ``upcast_operands`` says it is faster (same result), and so is
-    a bf16 activation whose weight is held in fp32 (``impl_jax.model.weights_f32``: bf16 values, exact in fp32).
-    """
-    lhs, rhs = eq.split("->")[0].split(",")
-    rows = math.prod(n for axis, n in zip(lhs, a.shape, strict=True) if axis not in rhs)  # M: a's free axes
-    if a.dtype != b.dtype or upcast_operands(rows, a.dtype):
-        a, b = a.astype(F32), b.astype(F32)
-    return jnp.einsum(eq, a, b, preferred_element_type=F32, precision=lax.Precision.HIGHEST)
-
-
-def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, n_in: int = 1) -> jax.Array:
-    """x (..., *I) times a weight w (*I, *O) over the last ``n_in`` axes of x, plus bias (*O) -> (..., *O) in
-    x's dtype: ``einsum_f32``'s numerics, the bias added in fp32, rounded once (impl_torch's ``linear``).
-
-    One 2-D product of the flattened operands: an einsum that keeps the head axes (``bsd,dhk->bhsk``,
-    ``bthc,hcd->btd``) let XLA's layout assignment transpose the weight on every call (in a profile of the
-    ``base`` fp32 forward, B=8, S=T=64: 54 copies of w_k, w_v and w_o, about 25 ms of 205); this reads it as stored.
-    """
-    lead, n = x.shape[:x.ndim - n_in], math.prod(w.shape[:n_in])
-    y = einsum_f32("mi,io->mo", x.reshape(-1, n), w.reshape(n, -1))    # (rows, O) fp32
-    if bias is not None:
-        y = y + bias.reshape(-1)                                        # fp32
-    return y.astype(x.dtype).reshape(*lead, *w.shape[n_in:])
-
-
-# ----------------------------------------------------------------- layers
 
 def positional_encoding(length: int, d_model: int) -> jax.Array:
-    """Sinusoidal table (length, D) float32, interleaved sin/cos (section 3.5).
-
-    ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``.
-    Computed once on the host in float64 and rounded to fp32: under ``jit`` it
-    is a constant, and it is as close to exact as fp32 holds.
-    """
+    """Sinusoidal table (L, D) float32, interleaved sin/cos (section 3.5): ``PE[pos, 2i] = sin(pos /
+    10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``, computed on the host in float64 and rounded to fp32 (a
+    constant under ``jit``, as close to exact as fp32 holds)."""
     pos = np.arange(length, dtype=np.float64)[:, None]            # (L, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]   # (1, D/2)
     angle = pos / 10000.0 ** (two_i / d_model)                    # (L, D/2)
@@ -118,179 +74,167 @@ def positional_encoding(length: int, d_model: int) -> jax.Array:
     return jnp.asarray(pe.reshape(length, d_model), F32)          # (L, D)
 
 
-def embedding(table: jax.Array, ids: jax.Array, config: Config, start: jax.Array | int = 0) -> jax.Array:
-    """``E[ids] * sqrt(D) + PE[start:start+L]`` in fp32, rounded once to ``config.dtype`` (section 3.4).
+class Embedder(Module):
+    """The token embedding E (V, D), shared by both stacks and the output projection (section 3.4)."""
 
-    table (V, D), ids (B, L) int, already validated (JAX clamps out-of-range
-    gathers silently). ``start`` may be traced (decoding). Returns (B, L, D).
-    """
-    L, D = ids.shape[1], config.d_model
-    pe = lax.dynamic_slice_in_dim(positional_encoding(config.max_len, D), start, L)  # (L, D) fp32
-    x = table[ids].astype(F32) * jnp.asarray(np.sqrt(D), F32)                      # (B, L, D) fp32
-    return (x + pe).astype(config.dtype)
+    table: jax.Array                                              # (V, D)
+    config: Config = dataclasses.field(metadata={"static": True})
 
+    def __init__(self, params: dict[str, jax.Array], config: Config):
+        vars(self).update(table=params["embedding"], config=config)
 
-def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-    """Inverted dropout (section 5.4): each element kept with probability 1 - rate and scaled by 1 / (1 - rate)
-    in fp32, rounded once to x's dtype. The identity when ``key`` is None (evaluation) or ``rate`` is 0."""
-    if key is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)                       # x's shape, True = kept
-    return jnp.where(keep, x.astype(F32) / (1.0 - rate), 0.0).astype(x.dtype)
+    def encode(self, ids: jax.Array, start: jax.Array | int = 0) -> jax.Array:
+        """``E[ids] * sqrt(D) + PE[start:start+L]`` in fp32, rounded once to ``config.dtype``: ids (B, L) int,
+        already validated (JAX clamps out-of-range gathers silently), ``start`` may be traced -> (B, L, D)."""
+        c = self.config
+        pe = lax.dynamic_slice_in_dim(positional_encoding(c.max_len, c.d_model), start, ids.shape[1])  # (L, D)
+        x = self.table[ids].astype(F32) * jnp.asarray(np.sqrt(c.d_model), F32)                       # (B, L, D)
+        return (x + pe).astype(c.dtype)
 
-
-def split(key: jax.Array | None, n: int) -> list[jax.Array | None]:
-    """n independent dropout keys from ``key``; n Nones in evaluation (``key`` None)."""
-    return [None] * n if key is None else list(jax.random.split(key, n))
+    def decode(self, x: jax.Array) -> jax.Array:
+        """The tied output projection x E^T: (B, L, D) -> logits (B, L, V) float32."""
+        return numerics.logits(x, self.table)
 
 
-def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                                 implementation: str = "auto") -> jax.Array:
-    """softmax(Q K^T / sqrt(d_k)) V (equation 1), scores and softmax in fp32, probabilities rounded.
-
-    q (B, T, H, K), k (B, S, H, K), v (B, S, H, C) (the spec's layout), mask bool
-    broadcastable to (B, H, T, S), True = may attend. Returns (B, T, H, C) in q's
-    dtype. ``attend`` calls ``attention`` on heads-major keys and values instead.
-
-    ``implementation``: "einsum" is the plain path below. "xla" is
-    ``jax.nn.dot_product_attention``, whose XLA code (read in jax 0.4.31 and
-    0.10.2) meets the contract: fp32 logits (``preferred_element_type``), scale
-    in fp32, softmax in fp32, probabilities cast to the value dtype before P V.
-    It masks with -0.7 * fp32 max instead of ``MASKED_SCORE``: masked keys still
-    get exactly zero weight and fully masked (padding) query rows stay finite,
-    which is all the contract asks. It needs d_v == d_k, and on the CPU (jax
-    0.10.2) it fails to compile in bf16 when batch and heads are 1 and the query
-    or key length is 1 ("ALG_DOT_BF16_BF16_F32 not supported by the
-    ElementalIrEmitter"): a one-token decoding step of one sequence. "auto"
-    (what the model uses) is therefore "einsum", which lowers to the same XLA
-    operations. "cudnn" asks
-    ``jax.nn.dot_product_attention`` for cuDNN's fused kernel on NVIDIA GPUs;
-    it is not checked against the contract here.
-    """
-    if implementation in ("auto", "einsum"):
-        return attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask)
-    with jax.default_matmul_precision("highest"):  # fp32 mode: true fp32 products (no-op for bf16)
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=float(1.0 / np.sqrt(q.shape[-1])),
-                                            implementation=implementation)
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """The plain path of ``scaled_dot_product_attention``, one contract rule per line, over heads-major
-    k (B, H, S, K) and v (B, H, S, C), the KV cache's layout (XLA's batched dot over (B, S, H, K) ran
-    1.7-4x slower at decoding sizes): -> (B, T, H, C) in q's dtype, the activation dtype. k and v hold values
-    of that dtype, stored in it or in fp32 (the KV cache on the CPU, ``impl_jax.model.cache_dtype``)."""
-    scores = einsum_f32("bthk,bhsk->bhts", q, k)                     # (B, H, T, S) fp32, never rounded
+def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """softmax(Q K^T / sqrt(d_k)) V (equation 1), one contract rule per line: q (B, T, H, K), heads-major k
+    (B, H, S, K) and v (B, H, S, C) (the KV cache's layout), mask bool broadcastable to (B, H, T, S), True = may
+    attend -> (B, T, H, C) in q's dtype. k and v hold values of that dtype, stored in it or in fp32."""
+    scores = numerics.matmul_f32("bthk,bhsk->bhts", q, k)            # (B, H, T, S) fp32, never rounded
     scores = scores * jnp.asarray(1.0 / np.sqrt(q.shape[-1]), F32)  # scaled after the product, in fp32
     scores = jnp.where(mask, scores, MASKED_SCORE)                   # masked keys: exactly zero weight
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)          # max-subtracted fp32 softmax, rounded
-    # Heads-major out, transposed after: a (B, T, H, C) result made XLA run P V as a plain dot rather than YNNPACK
-    # (18 such dots, ~6 ms of a 200 ms ``base`` forward).
-    out = einsum_f32("bhts,bhsc->bhtc", probs, v)                    # (B, H, T, C) fp32
+    out = numerics.matmul_f32("bhts,bhsc->bhtc", probs, v)           # (B, H, T, C) fp32: heads-major out
     return out.astype(q.dtype).transpose(0, 2, 1, 3)                 # (B, T, H, C)
 
 
-def attention_kv(params: Params, x_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Key and value projections, heads-major as the KV cache holds them: x_kv (B, S, D) -> k (B, H, S, K),
-    v (B, H, S, C)."""
-    k = linear(x_kv, params["w_k"])                                 # (B, S, H, K)
-    v = linear(x_kv, params["w_v"])                                 # (B, S, H, C)
-    return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)         # (B, H, S, K), (B, H, S, C)
+class MultiHeadAttention(Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2)."""
+
+    w_q: jax.Array                                                    # (D, H, K)
+    w_k: jax.Array                                                    # (D, H, K)
+    w_v: jax.Array                                                    # (D, H, C)
+    w_o: jax.Array                                                    # (H, C, D)
+
+    def __init__(self, params: dict[str, jax.Array], name: str):
+        vars(self).update({w: params[f"{name}.{w}"] for w in ("w_q", "w_k", "w_v", "w_o")})
+
+    def project_kv(self, x: jax.Array) -> KV:
+        """Keys and values of x (B, M, D), heads-major as the KV cache holds them: k (B, H, M, K), v (B, H, M, C)."""
+        k = numerics.linear(x, self.w_k)                              # (B, M, H, K)
+        v = numerics.linear(x, self.w_v)                              # (B, M, H, C)
+        return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+    def forward(self, x: jax.Array, kv: KV, mask: jax.Array) -> jax.Array:
+        """Queries of x (B, L, D) attend over the projected ``kv`` (``project_kv``: this input's, the cache's or
+        the encoder output's) under mask (B|1, 1, L|1, M) -> (B, L, D)."""
+        q = numerics.linear(x, self.w_q)                              # (B, L, H, K)
+        o = scaled_dot_product_attention(q, *kv, mask)                # (B, L, H, C)
+        return numerics.linear(o.reshape(*o.shape[:2], -1), self.w_o.reshape(-1, self.w_o.shape[-1]))
 
 
-def attend(params: Params, x_q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Query projection, attention over heads-major k (B, H, S, K), v (B, H, S, C) computed earlier (the KV
-    cache, cross-attention), output projection: (B, T, D) -> (B, T, D)."""
-    q = linear(x_q, params["w_q"])                                     # (B, T, H, K)
-    o = attention(q, k, v, mask)                                       # (B, T, H, C)
-    return linear(o, params["w_o"], n_in=2)                            # (B, T, D)
+class FeedForward(Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2), each product rounded once after its bias."""
+
+    w_1: jax.Array                                                    # (D, F)
+    b_1: jax.Array                                                    # (F,)
+    w_2: jax.Array                                                    # (F, D)
+    b_2: jax.Array                                                    # (D,)
+
+    def __init__(self, params: dict[str, jax.Array], name: str):
+        vars(self).update({w: params[f"{name}.{w}"] for w in ("w_1", "b_1", "w_2", "b_2")})
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        """x (B, L, D) -> (B, L, D); the hidden layer (B, L, F)."""
+        h = jax.nn.relu(numerics.linear(x, self.w_1, self.b_1))      # exact in any dtype
+        return numerics.linear(h, self.w_2, self.b_2)
 
 
-def multi_head_attention(params: Params, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array) -> jax.Array:
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2).
+class LayerNorm(Module):
+    """LayerNorm over D (Ba et al., 2016): statistics and normalisation in fp32, the result rounded to x's dtype."""
 
-    params {w_q (D, H, K), w_k (D, H, K), w_v (D, H, C), w_o (H, C, D)};
-    x_q (B, T, D), x_kv (B, S, D), mask bool broadcastable to (B, H, T, S).
-    Returns (B, T, D).
-    """
-    return attend(params, x_q, *attention_kv(params, x_kv), mask)
+    scale: jax.Array                                                  # (D,)
+    bias: jax.Array                                                   # (D,)
+    eps: float = dataclasses.field(metadata={"static": True})
 
+    def __init__(self, params: dict[str, jax.Array], name: str, eps: float):
+        vars(self).update(scale=params[f"{name}.scale"], bias=params[f"{name}.bias"], eps=eps)
 
-def feed_forward(params: Params, x: jax.Array) -> jax.Array:
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2), each product rounded once after its bias.
-
-    params {w_1 (D, F), b_1 (F,), w_2 (F, D), b_2 (D,)}; x (B, L, D) -> (B, L, D).
-    """
-    h = linear(x, params["w_1"], params["b_1"])                          # (B, L, F)
-    h = jax.nn.relu(h)                                                   # exact in any dtype
-    return linear(h, params["w_2"], params["b_2"])                       # (B, L, D)
-
-
-def layer_norm(params: Params, x: jax.Array, eps: float) -> jax.Array:
-    """LayerNorm over D (Ba et al., 2016): statistics and normalisation in fp32, result rounded to x's dtype.
-
-    params {scale (D,), bias (D,)}; x (..., D) -> (..., D).
-    """
-    x32 = x.astype(F32)
-    mu = x32.mean(axis=-1, keepdims=True)
-    var = jnp.square(x32 - mu).mean(axis=-1, keepdims=True)
-    y = (x32 - mu) / jnp.sqrt(var + eps) * params["scale"].astype(F32) + params["bias"].astype(F32)
-    return y.astype(x.dtype)
+    def forward(self, x: jax.Array) -> jax.Array:
+        """x (..., D) -> (..., D)."""
+        x32 = x.astype(F32)
+        mu = x32.mean(axis=-1, keepdims=True)
+        var = jnp.square(x32 - mu).mean(axis=-1, keepdims=True)
+        y = (x32 - mu) / jnp.sqrt(var + self.eps) * self.scale.astype(F32) + self.bias.astype(F32)
+        return y.astype(x.dtype)
 
 
-def sublayer_connection(params: Params, name: str, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-                        config: Config, key: jax.Array | None = None) -> jax.Array:
-    """Residual connection around ``sublayer`` (section 5.4); the residual add is rounded to x's dtype.
+class EncoderLayer(Module):
+    """Self-attention then FFN, each in a residual connection with LayerNorm (section 3.1): post-LN as the paper,
+    or pre-LN (``config.norm_first``); each residual sum rounded to the activation dtype."""
 
-    Post-LN (paper): ``LayerNorm(x + Dropout(Sublayer(x)))``; pre-LN (``config.norm_first``):
-    ``x + Dropout(Sublayer(LayerNorm(x)))``; dropout only with a ``key`` (training). ``params`` is the layer's
-    subtree, whose ``{name}_norm`` is the norm. Records ``name`` (the sublayer's output) and ``{name}.residual``.
-    """
-    norm = params[f"{name}_norm"]
-    if config.norm_first:
-        y = record(name, dropout(sublayer(layer_norm(norm, x, config.layer_norm_eps)), config.dropout, key))
-        out = x + y
-    else:
-        y = record(name, dropout(sublayer(x), config.dropout, key))
-        out = layer_norm(norm, x + y, config.layer_norm_eps)
-    return record(f"{name}.residual", out)
+    self_attn: MultiHeadAttention
+    self_attn_norm: LayerNorm
+    ffn: FeedForward
+    ffn_norm: LayerNorm
+    config: Config = dataclasses.field(metadata={"static": True})
+
+    def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
+        eps = config.layer_norm_eps
+        vars(self).update(self_attn=MultiHeadAttention(params, f"{name}.self_attn"),
+                          self_attn_norm=LayerNorm(params, f"{name}.self_attn_norm", eps),
+                          ffn=FeedForward(params, f"{name}.ffn"), ffn_norm=LayerNorm(params, f"{name}.ffn_norm", eps),
+                          config=config)
+
+    def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
+        """x (B, S, D), key padding mask (B, 1, 1, S); dropout (section 5.4) from ``rng`` -> (B, S, D)."""
+        c, pre = self.config, self.config.norm_first
+        keys = [None] * 2 if rng is None else list(jax.random.split(rng, 2))
+        h = self.self_attn_norm(x) if pre else x
+        y = record("self_attn", dropout(self.self_attn(h, self.self_attn.project_kv(h), mask), c.dropout, keys[0]))
+        x = record("self_attn.residual", x + y if pre else self.self_attn_norm(x + y))
+        h = self.ffn_norm(x) if pre else x
+        y = record("ffn", dropout(self.ffn(h), c.dropout, keys[1]))
+        return record("ffn.residual", x + y if pre else self.ffn_norm(x + y))
 
 
-def encoder_layer(params: Params, x: jax.Array, mask: jax.Array, config: Config, key: jax.Array | None = None
-                  ) -> jax.Array:
-    """Self-attention then FFN, each in a sublayer connection (section 3.1): (B, S, D) -> (B, S, D).
+class DecoderLayer(Module):
+    """Masked self-attention over a KV cache, cross-attention over the encoder output, FFN (section 3.1), each in
+    a residual connection as ``EncoderLayer``'s."""
 
-    mask: key padding mask broadcastable to (B, 1, 1, S); ``key``: dropout (training) or None.
-    """
-    keys = split(key, 2)
-    x = sublayer_connection(params, "self_attn", x,
-                            lambda h: multi_head_attention(params["self_attn"], h, h, mask), config, keys[0])
-    return sublayer_connection(params, "ffn", x, lambda h: feed_forward(params["ffn"], h), config, keys[1])
+    self_attn: MultiHeadAttention
+    self_attn_norm: LayerNorm
+    cross_attn: MultiHeadAttention
+    cross_attn_norm: LayerNorm
+    ffn: FeedForward
+    ffn_norm: LayerNorm
+    config: Config = dataclasses.field(metadata={"static": True})
 
+    def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
+        eps = config.layer_norm_eps
+        vars(self).update(self_attn=MultiHeadAttention(params, f"{name}.self_attn"),
+                          self_attn_norm=LayerNorm(params, f"{name}.self_attn_norm", eps),
+                          cross_attn=MultiHeadAttention(params, f"{name}.cross_attn"),
+                          cross_attn_norm=LayerNorm(params, f"{name}.cross_attn_norm", eps),
+                          ffn=FeedForward(params, f"{name}.ffn"), ffn_norm=LayerNorm(params, f"{name}.ffn_norm", eps),
+                          config=config)
 
-def decoder_layer(params: Params, y: jax.Array, self_kv: tuple[jax.Array, jax.Array],
-                  memory_kv: tuple[jax.Array, jax.Array], self_mask: jax.Array, memory_mask: jax.Array,
-                  start: jax.Array | int, config: Config, key: jax.Array | None = None
-                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """Masked self-attention with a KV cache, cross-attention, FFN (section 3.1).
-
-    y (B, n, D): the new positions ``start .. start+n-1``. self_kv: this layer's
-    preallocated cache, k (B, H, P, K) and v (B, H, P, C) for capacity P; the new
-    keys/values are written at ``start`` (may be traced). memory_kv: the
-    cross-attention keys/values of the encoder output, computed once per source
-    (``attention_kv``). self_mask broadcastable to (B, 1, n, P) (causal and key
-    padding); memory_mask to (B, 1, 1, S); ``key``: dropout (training) or None. Returns (y (B, n, D), updated
-    self_kv).
-    """
-    cache, keys = {}, split(key, 3)
-
-    def self_attn(h):
-        k, v = attention_kv(params["self_attn"], h)                             # (B, H, n, K), (B, H, n, C)
-        cache["kv"] = tuple(lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, axis=2)
-                            for c, new in zip(self_kv, (k, v), strict=True))    # (B, H, P, K|C)
-        return attend(params["self_attn"], h, *cache["kv"], self_mask)
-
-    y = sublayer_connection(params, "self_attn", y, self_attn, config, keys[0])
-    y = sublayer_connection(params, "cross_attn", y,
-                            lambda h: attend(params["cross_attn"], h, *memory_kv, memory_mask), config, keys[1])
-    y = sublayer_connection(params, "ffn", y, lambda h: feed_forward(params["ffn"], h), config, keys[2])
-    return y, cache["kv"]
+    def forward(self, y: jax.Array, self_kv: KV, self_mask: jax.Array, memory_kv: KV, memory_mask: jax.Array,
+                start: jax.Array | int, rng: jax.Array | None = None) -> tuple[jax.Array, KV]:
+        """y (B, n, D): the new positions ``start ..`` (may be traced); self_kv: this layer's cache, k (B, H, P, K)
+        and v (B, H, P, C); self_mask (B, 1, n, P) causal and key padding; memory_kv: the encoder output's
+        projected k (B, H, S, K), v (B, H, S, C); memory_mask (B, 1, 1, S); dropout from ``rng``. The new keys and
+        values are written at ``start`` -> (y (B, n, D), the updated self_kv)."""
+        c, pre = self.config, self.config.norm_first
+        keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
+        h = self.self_attn_norm(y) if pre else y
+        self_kv = tuple(lax.dynamic_update_slice_in_dim(cached, new.astype(cached.dtype), start, axis=2)
+                        for cached, new in zip(self_kv, self.self_attn.project_kv(h), strict=True))  # (B, H, P, .)
+        a = record("self_attn", dropout(self.self_attn(h, self_kv, self_mask), c.dropout, keys[0]))
+        y = record("self_attn.residual", y + a if pre else self.self_attn_norm(y + a))
+        h = self.cross_attn_norm(y) if pre else y
+        a = record("cross_attn", dropout(self.cross_attn(h, memory_kv, memory_mask), c.dropout, keys[1]))
+        y = record("cross_attn.residual", y + a if pre else self.cross_attn_norm(y + a))
+        h = self.ffn_norm(y) if pre else y
+        a = record("ffn", dropout(self.ffn(h), c.dropout, keys[2]))
+        return record("ffn.residual", y + a if pre else self.ffn_norm(y + a)), self_kv

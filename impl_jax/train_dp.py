@@ -1,4 +1,4 @@
-"""Data-parallel training on ``jax.sharding`` (issue 13): the command line of ``spec.data_parallel``.
+"""Data-parallel training on ``jax.sharding``: the command line of ``spec.data_parallel``.
 
     python -m impl_jax.train_dp --data-parallel 2 [--steps N] [--checkpoint-dir D [--resume]] [--record R]
 
@@ -6,9 +6,10 @@ Engine. One program over N devices under ``jax.jit``, driven by one process: a `
 ``jax.devices()`` with one axis "data"; the global batch is laid out by rows over it (``NamedSharding(mesh,
 P("data"))``: device r holds worker r's ``spec.data_parallel.shard``, padded to the batch and length buckets), and
 the weights, Adam's moments, the schedule's step and the dropout key are replicated (``NamedSharding(mesh, P())``).
-The step is ``impl_jax.train``'s own jitted program (``_train_step_jit``, compiled with ``impl_jax.XLA_OPTIONS``)
-called on those arrays: it follows the input shardings, and XLA's SPMD partitioner inserts the all-reduce of the
-gradients (and of the loss's two sums); the compiled HLO holds it (``DataParallel.hlo``, tested). One process, so
+The step is ``impl_jax.train``'s (``smoothed_loss`` of the model's forward with dropout, ``jax.value_and_grad``,
+``adam_update``) as one jitted program (compiled with ``impl_jax.XLA_OPTIONS``) called on those arrays: it follows
+the input shardings, and XLA's SPMD partitioner inserts the all-reduce of the gradients (and of the loss's two
+sums); the compiled HLO holds it (``DataParallel.hlo``, tested). One process, so
 ``world`` is N, ``rank`` 0, ``chief`` True and ``barrier`` a no-op; ``--data-parallel 1`` is the same program on
 a mesh of one device. On a CPU, ``main`` gives JAX's CPU backend N devices (``jax_num_cpu_devices``) before it
 starts; on a GPU or TPU host the devices are the accelerator's. Several hosts (untested here): one process per
@@ -16,8 +17,8 @@ host, each with ``JAX_COORDINATOR_ADDRESS=<host:port> JAX_NUM_PROCESSES=<P> JAX_
 Open MPI, which ``jax.distributed`` detects itself), and ``--data-parallel`` the global device count; ``main``
 then calls ``jax.distributed.initialize`` and process 0 is the chief.
 
-Loss. ``impl_jax.train._loss`` divides the sum over the non-pad targets of the array it is given by their count,
-and under ``jit`` that array is the global batch: a sharding changes where a value is computed, not what. So each
+Loss. ``impl_jax.train.smoothed_loss`` divides the sum over the non-pad targets of the array it is given by their
+count, and under ``jit`` that array is the global batch: a sharding changes where a value is computed, not what. So each
 device's rows contribute ``sum_local / N_global`` to the loss and their share of the gradient, and the all-reduce
 adds them: the global batch's loss and gradient, not a mean of per-worker means, with nothing to rescale (no
 engine averages over devices here). Padding rows and positions are ``pad_id`` targets and count in neither.
@@ -35,6 +36,7 @@ Checkpoints. Nothing beyond ``spec.data_parallel``'s common files: the devices s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -43,20 +45,19 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import impl_jax
-from impl_jax import layers, train
-from impl_jax.model import Params, Transformer, log
+from impl_jax import numerics, train
+from impl_jax.model import Transformer, log
 from impl_jax.train import TrainState
 from impl_jax.weights import canonical
 from spec import data_parallel
-from spec.config import Config
 from spec.data_parallel import Batch, Options
-from spec.training import TrainConfig
 
 MODULE = "impl_jax.train_dp"
 
@@ -98,20 +99,14 @@ class DataParallel:
             ValueError: from ``spec.validate.check_train_batch`` on the global batch, or if N does not divide B;
                 before anything is computed.
         """
-        config, s = self.model.config, self.state
+        s = self.state
         src, tgt_in, tgt_out = self._shards(batch)  # (N Bs, Sb), (N Bs, Tb), (N Bs, Tb) int32, sharded by rows
-        args = (self.model.params, s.m, s.v, s.step, s.rng, src, tgt_in, tgt_out, config, s.train_config)
-        if keep_gradient:  # a second program: the normal step's drops the gradient (XLA then keeps it nowhere)
-            loss, grads, params, m, v, step, rng = _train_step_with_gradient_jit(*args)
-        else:
-            (loss, params, m, v, step, rng), grads = train._train_step_jit(*args), None
-        # All replicated: loss () float32, params and m, v of the parameters' shapes, step () int32, the key.
+        # All replicated: loss () float32, the model, the state, the gradients if kept.
+        loss, self.model, state, grads = _step(self.model, s, src, tgt_in, tgt_out, keep_gradient=keep_gradient)
         order = list(s.m)  # the jitted function's dicts come back in sorted key order
-        self.state = TrainState(m={n: m[n] for n in order}, v={n: v[n] for n in order}, step=step, rng=rng,
-                                train_config=s.train_config)
-        self.model = Transformer._of(config, params)
-        kept = None if grads is None else {name: _host(g) for name, g in canonical(grads, config).items()}
-        return float(_host(loss)), kept
+        self.state = dataclasses.replace(state, m={n: state.m[n] for n in order}, v={n: state.v[n] for n in order})
+        kept = None if grads is None else {name: np.asarray(g) for name, g in _local(grads).items()}
+        return float(np.asarray(_local(loss))), kept
 
     def params(self) -> dict[str, np.ndarray]:
         """{canonical name: float32 array}, the master weights on the host (this process's replica)."""
@@ -149,13 +144,7 @@ class DataParallel:
         Raises:
             ValueError: as ``step``.
         """
-        s, config = self.state, self.model.config
-        # The jit that layers.jit wraps (its wrapper has no ``lower``): the same function, arguments and options,
-        # so the same program (a persistent compilation cache holds it once).
-        program = jax.jit(train._train_step_jit.__wrapped__, static_argnames=("config", "train_config"),
-                          compiler_options=impl_jax.XLA_OPTIONS)
-        args = (self.model.params, s.m, s.v, s.step, s.rng, *self._shards(batch), config, s.train_config)
-        return program.lower(*args).compile().as_text()
+        return _step.lower(self.model, self.state, *self._shards(batch), keep_gradient=False).compile().as_text()
 
     def _shards(self, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The global batch checked, each worker's ``shard`` padded to the batch bucket of B/N rows and the
@@ -167,19 +156,26 @@ class DataParallel:
         """
         shards = data_parallel.padded_shards(batch, self.world, self.model.config)  # N x ((Bs, Sb), (Bs, Tb) x2)
         host = [np.concatenate([part[i] for part in shards]) for i in range(3)]  # (N Bs, Sb), (N Bs, Tb) x2 int32
-        return tuple(jax.make_array_from_callback(x.shape, self._rows, functools.partial(_index, x))
+        return tuple(jax.make_array_from_callback(x.shape, self._rows, x.__getitem__)
                      for x in host)  # type: ignore[return-value]
 
 
-@functools.partial(layers.jit, static_argnames=("config", "train_config"))
-def _train_step_with_gradient_jit(params: Params, m: dict[str, jax.Array], v: dict[str, jax.Array], step: jax.Array,
-                                  rng: jax.Array, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
-                                  config: Config, train_config: TrainConfig):
-    """-> (loss, {canonical name: fp32 global gradient}, new params tree, m, v, step, rng): the step of
-    ``impl_jax.train._train_step_jit``, also returning the gradient its update applied."""
-    log.info("impl_jax: compiling train_step keeping the gradient for batch %d, source length %d, target length %d "
-             "(buckets)", *src.shape, tgt_in.shape[1])
-    return train._adam_step(params, m, v, step, rng, src, tgt_in, tgt_out, config, train_config)
+@functools.partial(numerics.jit, static_argnames=("keep_gradient",))
+def _step(model: Transformer, state: TrainState, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
+          keep_gradient: bool):
+    """-> (loss, new model, new state, {canonical name: fp32 global gradient} if ``keep_gradient`` else None): the
+    step of ``impl_jax.train_step`` on the global batch (without the gradient, XLA keeps it nowhere)."""
+    c, tc = model.config, state.train_config
+    log.info("impl_jax: compiling train_step%s for batch %d, source length %d, target length %d (buckets)",
+             " keeping the gradient" if keep_gradient else "", *src.shape, tgt_in.shape[1])
+    rng, key = jax.random.split(state.rng)
+    loss, grads = jax.value_and_grad(
+        lambda m: train.smoothed_loss(m(src, tgt_in, rng=key), tgt_out, tc.label_smoothing, c.pad_id))(
+        jax.tree.map(lambda p: p.astype(jnp.float32), model))  # fp32 master weights (exact): fp32 gradients
+    grads = canonical(grads)
+    params, state = train.adam_update(canonical(model), grads, state)
+    return (loss, Transformer(c, params=params), dataclasses.replace(state, rng=rng),
+            grads if keep_gradient else None)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -198,8 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else list(argv)
     o = data_parallel.options(argv, f"python -m {MODULE}")
     if "JAX_COORDINATOR_ADDRESS" in os.environ:
-        jax.distributed.initialize(num_processes=_env_int("JAX_NUM_PROCESSES"),
-                                   process_id=_env_int("JAX_PROCESS_ID"))
+        env = {k: int(os.environ[k]) if k in os.environ else None for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")}
+        jax.distributed.initialize(num_processes=env["JAX_NUM_PROCESSES"], process_id=env["JAX_PROCESS_ID"])
     else:
         _cpu_devices(o.data_parallel)
     if o.kill_at and not 0 <= o.kill_at[1] < jax.process_count():
@@ -218,7 +214,9 @@ def _cpu_devices(n: int) -> None:
         SystemExit: if the backend already started with fewer than ``n`` devices.
     """
     platform = (jax.config.jax_platforms or "").split(",")[0]
-    if platform not in ("", "cpu") or _cpu_device_count() >= n:
+    flag = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    count = jax.config.jax_num_cpu_devices if jax.config.jax_num_cpu_devices >= 0 else int(flag.group(1)) if flag else 1
+    if platform not in ("", "cpu") or count >= n:  # the devices JAX's CPU backend will have
         return
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -229,32 +227,9 @@ def _cpu_devices(n: int) -> None:
                              f"set jax_num_cpu_devices to {n} before JAX starts") from None
 
 
-def _cpu_device_count() -> int:
-    """The devices JAX's CPU backend will have: ``jax_num_cpu_devices`` if set, else XLA_FLAGS'
-    ``--xla_force_host_platform_device_count``, else 1."""
-    if jax.config.jax_num_cpu_devices >= 0:
-        return jax.config.jax_num_cpu_devices
-    flag = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    return int(flag.group(1)) if flag else 1
-
-
-def _env_int(name: str) -> int | None:
-    return int(os.environ[name]) if name in os.environ else None
-
-
-def _index(host: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
-    """``make_array_from_callback``'s callback: a device's block of a host array."""
-    return host[index]
-
-
 def _local(tree: Any) -> Any:
     """A pytree of replicated arrays as this process's copy (single-device arrays), whatever the process count."""
     return jax.tree.map(lambda x: x.addressable_data(0), tree)
-
-
-def _host(x: jax.Array) -> np.ndarray:
-    """A replicated array on the host (this process's copy)."""
-    return np.asarray(x.addressable_data(0))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 A thin translation over ``impl_jax``'s public API (``spec.api``): ``load_weights``,
 ``model(...)``, ``model.encode``, ``model.init_cache``, ``model.decode``,
-``greedy_search``, ``beam_search``, ``save_weights``; and ``impl_jax.layers`` on
-the model's parameters (``impl_jax.model.params_at``) to run one layer alone.
+``greedy_search``, ``beam_search``, ``save_weights``; and the modules of ``impl_jax.layers``, built from
+the model's canonical parameters (``impl_jax.params_of``) under a layer's name, to run one layer alone.
 fp32 products are pinned to true fp32 (``jax_default_matmul_precision``), so fp32
 checks never run as TF32 or bf16 passes on an accelerator, and GPU reductions are
 made deterministic (``--xla_gpu_deterministic_ops``, read when JAX starts its
@@ -26,7 +26,6 @@ import numpy as np  # noqa: E402
 import impl_jax  # noqa: E402
 from conformance.adapters.base import train_through_api  # noqa: E402
 from impl_jax import layers  # noqa: E402
-from impl_jax.model import cast_params, output_logits, params_at  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -40,6 +39,7 @@ class JaxModel:
     def __init__(self, model: impl_jax.Transformer):
         self.model = model
         self.config = model.config
+        self.params = {k: jnp.asarray(x).astype(model.config.dtype) for k, x in impl_jax.params_of(model).items()}
 
     def forward(self, src, tgt_in, intermediates=False):
         if not intermediates:
@@ -67,8 +67,7 @@ class JaxModel:
         return impl_jax.beam_search(self.model, src, beam_size, alpha, max_new_tokens)
 
     def run_layer(self, layer, prefix, inputs):
-        p = params_at(cast_params(self.model.params, self.config), prefix)
-        return {k: _np(v) for k, v in _layer_fn(layer, self.config)(p, **inputs).items()}
+        return {k: _np(v) for k, v in _layer_fn(layer, prefix, self.config)(self.params, **inputs).items()}
 
     def save(self, path: Path) -> None:
         impl_jax.save_weights(self.model, path)
@@ -78,28 +77,33 @@ class JaxModel:
 
 
 @functools.cache
-def _layer_fn(layer, c):
-    """One layer of ``spec.shapes.LAYERS`` as a jitted function of (parameter subtree, inputs)."""
+def _layer_fn(layer, prefix, c):
+    """One layer of ``spec.shapes.LAYERS`` as a jitted function of (canonical parameters in ``c.dtype``, inputs), the
+    layer's module built from the parameters under ``prefix``."""
     dt = c.dtype
 
     def decoder_layer(p, y, memory, self_mask, memory_mask):
         B, T = y.shape[:2]
         empty = (jnp.zeros((B, c.n_heads, T, c.d_k), dt), jnp.zeros((B, c.n_heads, T, c.d_v), dt))
-        out, _ = layers.decoder_layer(p, y, empty, layers.attention_kv(p["cross_attn"], memory), self_mask,
-                                      memory_mask, 0, c)
+        module = layers.DecoderLayer(p, prefix, c)
+        out, _ = module(y, empty, self_mask, module.cross_attn.project_kv(memory), memory_mask, 0)
         return {"out": out}
+
+    def multi_head_attention(p, x_q, x_kv, mask):
+        module = layers.MultiHeadAttention(p, prefix)
+        return {"out": module(x_q, module.project_kv(x_kv), mask)}
 
     fns = {
         "positional_encoding": lambda p: {"pe": layers.positional_encoding(c.max_len, c.d_model)},
-        "embedding": lambda p, ids: {"x": layers.embedding(p["embedding"], ids, c)},
-        "scaled_dot_product_attention": lambda p, q, k, v, mask: {
-            "out": layers.scaled_dot_product_attention(q, k, v, mask)},
-        "multi_head_attention": lambda p, x_q, x_kv, mask: {"out": layers.multi_head_attention(p, x_q, x_kv, mask)},
-        "add_norm": lambda p, x, y: {"out": layers.layer_norm(p, x + y, c.layer_norm_eps)},
-        "feed_forward": lambda p, x: {"out": layers.feed_forward(p, x)},
-        "encoder_layer": lambda p, x, mask: {"out": layers.encoder_layer(p, x, mask, c)},
+        "embedding": lambda p, ids: {"x": layers.Embedder(p, c).encode(ids)},
+        "scaled_dot_product_attention": lambda p, q, k, v, mask: {  # k, v (B, S, H, .) -> heads-major
+            "out": layers.scaled_dot_product_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask)},
+        "multi_head_attention": multi_head_attention,
+        "add_norm": lambda p, x, y: {"out": layers.LayerNorm(p, prefix, c.layer_norm_eps)(x + y)},
+        "feed_forward": lambda p, x: {"out": layers.FeedForward(p, prefix)(x)},
+        "encoder_layer": lambda p, x, mask: {"out": layers.EncoderLayer(p, prefix, c)(x, mask)},
         "decoder_layer": decoder_layer,
-        "output_projection": lambda p, h: {"logits": output_logits(p, h)},
+        "output_projection": lambda p, h: {"logits": layers.Embedder(p, c).decode(h)},
     }
     return jax.jit(fns[layer])
 

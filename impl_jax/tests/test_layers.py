@@ -1,7 +1,10 @@
-"""Layers alone: the positional table, attention paths and masks, against the spec where it helps."""
+"""Layers alone: the positional table, attention and masks, against the spec where it helps; layers as pytrees."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -21,9 +24,10 @@ def test_positional_encoding_is_the_papers_interleaved_table():
 
 
 def _qkv(dtype, B=2, T=5, S=7, H=3, K=8, C=8, seed=0):
+    """q (B, T, H, K), heads-major k (B, H, S, K) and v (B, H, S, C), a mask (B, 1, T, S)."""
     rng = np.random.default_rng(seed)
     cast = (lambda x: x.astype(ml_dtypes.bfloat16)) if dtype == "bfloat16" else (lambda x: x.astype(np.float32))
-    q, k, v = (cast(rng.standard_normal(s)) for s in ((B, T, H, K), (B, S, H, K), (B, S, H, C)))
+    q, k, v = (cast(rng.standard_normal(s)) for s in ((B, T, H, K), (B, H, S, K), (B, H, S, C)))
     mask = np.ones((B, 1, T, S), bool)
     mask[0, :, :, 4:] = False      # key padding on row 0
     mask[1, :, 2, :] = False       # a fully masked (padding) query row
@@ -31,31 +35,30 @@ def _qkv(dtype, B=2, T=5, S=7, H=3, K=8, C=8, seed=0):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_fused_and_plain_attention_agree_with_the_contract(dtype):
+def test_attention_agrees_with_the_contract(dtype):
     q, k, v, mask = _qkv(dtype)
     nx = Numerics(dtype)
-    exact = ref.scaled_dot_product_attention(*(x.astype(np.float64) for x in (q, k, v)), mask, nx)
-    for impl in ("xla", "einsum"):
-        out = np.asarray(layers.scaled_dot_product_attention(q, k, v, mask, impl)).astype(np.float64)
-        assert np.isfinite(out).all(), impl
-        valid = mask.any(axis=-1)[:, 0]                   # (B, T): query rows with a key
-        ulp = 2.0**-7 if dtype == "bfloat16" else 2.0**-22
-        np.testing.assert_allclose(out[valid], exact[valid], atol=2 * ulp, rtol=2 * ulp, err_msg=impl)
+    exact = ref.scaled_dot_product_attention(*(x.astype(np.float64) for x in (q, k.swapaxes(1, 2), v.swapaxes(1, 2))),
+                                             mask, nx)
+    out = np.asarray(layers.scaled_dot_product_attention(q, k, v, mask)).astype(np.float64)
+    assert np.isfinite(out).all()
+    valid = mask.any(axis=-1)[:, 0]                   # (B, T): query rows with a key
+    ulp = 2.0**-7 if dtype == "bfloat16" else 2.0**-22
+    np.testing.assert_allclose(out[valid], exact[valid], atol=2 * ulp, rtol=2 * ulp)
 
 
-def test_auto_attention_uses_the_plain_path_when_d_v_differs():
+def test_attention_with_d_v_other_than_d_k():
     q, k, v, mask = _qkv("bfloat16", C=4)
     out = layers.scaled_dot_product_attention(q, k, v, mask)
     assert out.shape == (2, 5, 3, 4) and out.dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("impl", ["xla", "einsum"])
-def test_masked_keys_get_zero_weight(impl):
+def test_masked_keys_get_zero_weight():
     q, k, v, mask = _qkv("bfloat16")
     v2 = v.copy()
-    v2[0, 4:] = ml_dtypes.bfloat16(1e4)                   # values at masked keys of row 0
-    a = np.asarray(layers.scaled_dot_product_attention(q, k, v, mask, impl))
-    b = np.asarray(layers.scaled_dot_product_attention(q, k, v2, mask, impl))
+    v2[0, :, 4:] = ml_dtypes.bfloat16(1e4)                # values at masked keys of row 0
+    a = np.asarray(layers.scaled_dot_product_attention(q, k, v, mask))
+    b = np.asarray(layers.scaled_dot_product_attention(q, k, v2, mask))
     np.testing.assert_array_equal(a[0], b[0])
 
 
@@ -63,19 +66,29 @@ def test_scores_stay_fp32():
     """Scores 1/2 bf16 ulp apart must still order the softmax (rounded to bf16 they would tie)."""
     bf = ml_dtypes.bfloat16
     q = np.array([[[[64.0, 1.0, 0, 0]]]], bf)                            # (1, 1, 1, 4)
-    k = np.array([[[[2.0, 0, 0, 0]], [[2.0, 0.5, 0, 0]]]], bf)            # (1, 2, 1, 4)
-    v = np.array([[[[1.0, 0, 0, 0]], [[0.0, 0, 0, 0]]]], bf)
+    k = np.array([[[[2.0, 0, 0, 0], [2.0, 0.5, 0, 0]]]], bf)              # (1, 1, 2, 4)
+    v = np.array([[[[1.0, 0, 0, 0], [0.0, 0, 0, 0]]]], bf)
     mask = np.ones((1, 1, 1, 2), bool)
-    for impl in ("xla", "einsum"):
-        out = np.asarray(layers.scaled_dot_product_attention(q, k, v, mask, impl)).astype(np.float64)
-        # scores 128 and 128.5 (bf16 would make both 128), scaled to 64 and 64.25:
-        # weight of key 0 = 1 / (1 + e^0.25) = 0.4378, rounded to bf16 0.4375; tied scores would give 0.5
-        assert out[0, 0, 0, 0] == 0.4375, impl
+    out = np.asarray(layers.scaled_dot_product_attention(q, k, v, mask)).astype(np.float64)
+    # scores 128 and 128.5 (bf16 would make both 128), scaled to 64 and 64.25:
+    # weight of key 0 = 1 / (1 + e^0.25) = 0.4378, rounded to bf16 0.4375; tied scores would give 0.5
+    assert out[0, 0, 0, 0] == 0.4375
 
 
 def test_layer_norm_statistics_in_fp32():
     x = np.full((1, 1, 8), 256.0, ml_dtypes.bfloat16)
     x[..., 0] = 258.0                                     # deviations far below bf16 resolution of the mean
-    p = {"scale": jnp.ones(8, jnp.bfloat16), "bias": jnp.zeros(8, jnp.bfloat16)}
-    y = np.asarray(layers.layer_norm(p, x, 1e-6)).astype(np.float64)
+    norm = layers.LayerNorm({"n.scale": jnp.ones(8, jnp.bfloat16), "n.bias": jnp.zeros(8, jnp.bfloat16)}, "n", 1e-6)
+    y = np.asarray(norm(x)).astype(np.float64)
     np.testing.assert_allclose(y[0, 0, 0], np.sqrt(7.0), rtol=2**-7)
+
+
+def test_a_layer_is_a_pytree_of_its_parameters_with_static_config():
+    norm = layers.LayerNorm({"n.scale": jnp.ones(8), "n.bias": jnp.zeros(8)}, "n", 1e-6)
+    leaves, treedef = jax.tree.flatten(norm)
+    assert len(leaves) == 2 and jax.tree.unflatten(treedef, leaves).eps == 1e-6
+    doubled = jax.tree.map(lambda x: 2 * x, norm)                # unflattening calls no __init__
+    assert isinstance(doubled, layers.LayerNorm) and float(doubled.scale[0]) == 2.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        norm.eps = 0.1
+    assert jax.jit(lambda m, x: m(x))(norm, jnp.arange(8.0)).shape == (8,)

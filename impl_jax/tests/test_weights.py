@@ -1,30 +1,18 @@
-"""Weights: canonical names <-> the model, a bit-exact file round trip, the spec's errors."""
+"""Weights: canonical names <-> the model (its key paths), the spec's checks on save and load."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
 import impl_jax
-from impl_jax import model as M
+from impl_jax import layers
 from spec.config import BASE, TINY
 from spec.init import init_params
 from spec.schema import param_specs
-from spec.weights_io import load_weights
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_round_trip_is_bit_exact(dtype, tmp_path):
-    c = TINY.replace(dtype=dtype, param_dtype=dtype, norm_first=True)
-    flat = init_params(c, 5, observable=True)
-    impl_jax.save_weights(impl_jax.from_params(c, flat), tmp_path / "a.safetensors")
-    back = impl_jax.load_weights(tmp_path / "a.safetensors")
-    assert isinstance(back, impl_jax.Transformer) and back.config == c
-    for name, a in load_weights(tmp_path / "a.safetensors")[1].items():
-        assert a.dtype == flat[name].dtype and a.tobytes() == flat[name].tobytes(), name
-    assert {k: v.tobytes() for k, v in impl_jax.params_of(back).items()} == {k: v.tobytes() for k, v in flat.items()}
 
 
 def test_params_of_is_canonical_in_schema_order_and_stored_dtype():
@@ -56,23 +44,18 @@ def test_from_params_checks_the_params_against_the_config():
         impl_jax.from_params(TINY, flat)
 
 
-def test_tree_layout_and_params_at():
-    params = M.to_tree(init_params(TINY, 0))
-    assert isinstance(params["encoder"]["layers"], list) and len(params["decoder"]["layers"]) == TINY.n_decoder_layers
-    w = M.params_at(params, "decoder.layers.1.cross_attn")["w_o"]
+def test_the_model_is_a_tree_of_modules_keyed_by_canonical_names():
+    m = impl_jax.Transformer(TINY, 0)
+    assert isinstance(m.decoder.layers[1].cross_attn, layers.MultiHeadAttention) and len(m.encoder.layers) == 2
+    w = m.decoder.layers[1].cross_attn.w_o
     assert w.shape == (TINY.n_heads, TINY.d_v, TINY.d_model) and w.dtype == jnp.bfloat16
-    assert M.params_at(params, "") is params
+    paths = [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in jax.tree_util.tree_leaves_with_path(m)]
+    assert paths == ["embedder.table", *list(init_params(TINY, 0))[1:]]
 
 
 def test_save_checks_against_the_schema(tmp_path):
     m = impl_jax.Transformer(TINY, 0)
-    del m.params["decoder"]["layers"][1]["ffn"]["b_2"]
-    with pytest.raises(ValueError, match=r"missing parameter 'decoder\.layers\.1\.ffn\.b_2'"):
+    m = jax.tree_util.tree_map_with_path(lambda p, x: x[:-1] if jax.tree_util.keystr(p).endswith("ffn.b_2") else x, m)
+    with pytest.raises(ValueError, match=r"parameter 'encoder\.layers\.0\.ffn\.b_2': expected shape"):
         impl_jax.save_weights(m, tmp_path / "bad.safetensors")
     assert not (tmp_path / "bad.safetensors").exists()
-
-
-def test_corrupt_file_is_named(tmp_path):
-    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(ValueError, match="junk.safetensors"):
-        impl_jax.load_weights(tmp_path / "junk.safetensors")

@@ -1,0 +1,163 @@
+"""Greedy and beam search with a preallocated KV cache (paper section 6.1), each one ``lax.while_loop`` over a
+decoding step (``impl_jax.model.decode_step``), in the style of Flax's WMT example.
+
+Both follow ``spec.search`` step for step and return NumPy int64 tokens (``spec.api``: JAX holds int64 only under
+the process-wide ``jax_enable_x64`` flag, which a library must not set). There is no dropout: search always
+evaluates. Shapes are static and limits are data, and the shapes are bucketed (``spec.shapes``): the batch is
+padded to the next power of two with rows of ``pad_id`` (limit 1, dropped from the result), the source to its
+length bucket (masked keys), and the cache capacity P is the bucket of the longest limit. So each (batch bucket,
+source bucket, P, beam size) compiles once, logging one line on the ``"impl_jax"`` logger.
+
+Ties: ``jnp.argmax`` takes the first of equal maxima; ``lax.top_k`` returns equal values in ascending index order
+(XLA's TopK semantics; checked against a stable sort in ``tests/test_search.py``), which is the spec's "lower
+token id" and "lower beam * V + token" rule and its stable "old finished before new" merge.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from impl_jax import numerics
+from impl_jax.model import Ids, KVCache, Transformer, _padded_ids, decode_step, empty_cache, key_padding_mask, log
+from spec import shapes, validate
+
+F32 = jnp.float32
+
+
+def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> np.ndarray:
+    """Greedy decoding (``spec.api``, ``spec.search.greedy_search``): src (B, S) -> tokens (B, L) NumPy int64."""
+    c, host = model.config, np.asarray(src)
+    validate.check_source(host, c)
+    limits = validate.generation_limits(host, c, max_new_tokens)
+    src, limits, capacity = _bucketed(model, host, limits)
+    out, steps = _greedy(model, src, limits, capacity)
+    return np.asarray(out)[:host.shape[0], :int(steps)].astype(np.int64)
+
+
+class BeamState(NamedTuple):
+    """The live state of a beam search, per sequence (B) and beam (k): the last tokens (B, k), the alive
+    hypotheses (B, k, P) and their log-probabilities (B, k), the finished ones (B, k, P) and their normalised
+    scores (B, k), and the steps each sequence ran (B,)."""
+    tokens: jax.Array
+    alive_seq: jax.Array
+    alive_lp: jax.Array
+    fin_seq: jax.Array
+    fin_score: jax.Array
+    steps: jax.Array
+
+
+def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
+                max_new_tokens: int | None = None) -> np.ndarray:
+    """Beam search (``spec.api``, ``spec.search.beam_search``): src (B, S) -> tokens (B, L) NumPy int64."""
+    c, host = model.config, np.asarray(src)
+    validate.check_source(host, c)
+    limits = validate.generation_limits(host, c, max_new_tokens)
+    validate.check_beam(beam_size, alpha, limits)
+    src, limits, capacity = _bucketed(model, host, limits)
+    # lp(t) = ((5 + t) / 6) ** alpha for t = 0..P (Wu et al., 2016), in float64 rounded to fp32
+    lp = (((5.0 + np.arange(capacity + 1)) / 6.0) ** float(alpha)).astype(np.float32)
+    best, length = _beam(model, src, limits, jnp.asarray(lp), capacity, int(beam_size))
+    B = host.shape[0]
+    return np.asarray(best)[:B, :int(np.asarray(length)[:B].max())].astype(np.int64)
+
+
+# ----------------------------------------------------------------- the programs
+
+def _bucketed(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[jax.Array, jax.Array, int]:
+    """The validated source (B, S) and its limits (B,) on the shape buckets, and the cache capacity: added rows
+    get limit 1 (they stop after one step); the capacity, the bucket of the longest limit, holds every sequence."""
+    c, (B, S) = model.config, src.shape
+    Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(int(limits.max()), c.max_len)
+    return (_padded_ids(src, src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
+            jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)
+
+
+def _prefill(model: Transformer, src: jax.Array, capacity: int, repeat: int = 1) -> KVCache:
+    """Encode ``src`` (B, S) and build an empty cache; with ``repeat`` = k, each row repeated k times (beams)."""
+    memory = model.encoder(model.embedder.encode(src), key_padding_mask(src, model.config.pad_id)[:, None, None, :])
+    cache = empty_cache(model, memory, src, capacity)
+    rep = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  row b*k + j is beam j of sequence b
+    return cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
+                          memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
+
+
+@functools.partial(numerics.jit, static_argnames=("capacity",))
+def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, capacity: int):
+    c, B = model.config, src.shape[0]
+    log.info("impl_jax: compiling greedy_search for batch %d, source length %d (buckets); capacity %d",
+             *src.shape, capacity)
+    model = jax.tree.map(lambda p: p.astype(c.dtype), model)
+    special = jnp.asarray([c.pad_id, c.bos_id])                                   # never generated
+
+    def step(state):
+        t, tokens, out, done, cache = state
+        logits, cache = decode_step(model, tokens[:, None], cache)                # (B, 1, V)
+        best = jnp.argmax(logits[:, 0].at[..., special].set(-jnp.inf), axis=-1)   # the first of equal maxima
+        tokens = jnp.where(done, c.pad_id, best)
+        done = done | (tokens == c.eos_id) | (t + 1 >= limits)
+        return t + 1, tokens, out.at[:, t].set(tokens), done, cache
+
+    def running(state):
+        t, _, _, done, _ = state
+        return (t < capacity) & ~done.all()
+
+    state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32),
+             jnp.full((B, capacity), c.pad_id, jnp.int32), jnp.zeros((B,), bool), _prefill(model, src, capacity))
+    steps, _, out, _, _ = lax.while_loop(running, step, state)
+    return out, steps
+
+
+@functools.partial(numerics.jit, static_argnames=("capacity", "k"))
+def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, capacity: int, k: int):
+    c, B, V, ninf = model.config, src.shape[0], model.config.vocab_size, -jnp.inf
+    log.info("impl_jax: compiling beam_search for batch %d, source length %d (buckets); capacity %d, beam %d",
+             *src.shape, capacity, k)
+    # The tied output projection on the table held in fp32 (the same values): at beam rows (B * k) XLA's CPU backend
+    # fused the bf16 product with the norm before it and the softmax after it into one much slower kernel.
+    model = jax.tree_util.tree_map_with_path(lambda path, p: numerics.round_to(p, c.dtype) if jax.tree_util.keystr(
+        path) == ".embedder.table" else p.astype(c.dtype), model)
+    special = jnp.asarray([c.pad_id, c.bos_id])                                   # never generated
+
+    def take(x, idx):  # x (B, N, ...) gathered along axis 1 by idx (B, M) -> (B, M, ...)
+        return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+    def step(state):
+        t, s, done, cache = state
+        logits, cache = decode_step(model, s.tokens.reshape(B * k, 1), cache)                # (B*k, 1, V)
+        logp = jax.nn.log_softmax(logits[:, 0], axis=-1)                                      # fp32, over all of V
+        logp = logp.at[..., special].set(-jnp.inf).reshape(B, k, V)
+        cand, top = lax.top_k((s.alive_lp[:, :, None] + logp).reshape(B, k * V), 2 * k)      # (B, 2k)
+        beam, tok = top // V, top % V
+        seq = take(s.alive_seq, beam).at[:, :, t].set(tok)                                   # (B, 2k, P)
+        is_eos = tok == c.eos_id
+        alive_score = jnp.where(is_eos, ninf, cand)
+        _, alive = lax.top_k(alive_score, k)                                                 # (B, k)
+        rows = (jnp.arange(B)[:, None] * k + take(beam, alive)).reshape(B * k)
+        cache = cache._replace(self_kv=jax.tree.map(lambda x: x[rows], cache.self_kv), key_mask=cache.key_mask[rows])
+        merged = jnp.concatenate([s.fin_score, jnp.where(is_eos, cand / lp[t + 1], ninf)], axis=1)  # (B, 3k)
+        fin_score, keep = lax.top_k(merged, k)                                               # old before new on ties
+        new = BeamState(take(tok, alive), take(seq, alive), take(alive_score, alive),
+                        take(jnp.concatenate([s.fin_seq, seq], axis=1), keep), fin_score, jnp.full((B,), t + 1))
+        stop = (t + 1 == limits) | (new.fin_score.min(axis=1) >= new.alive_lp.max(axis=1) / lp[limits])
+        s = jax.tree.map(lambda old, x: jnp.where(done.reshape((B,) + (1,) * (x.ndim - 1)), old, x), s, new)
+        return t + 1, s, done | stop, cache
+
+    def running(state):
+        t, _, done, _ = state
+        return (t < capacity) & ~done.all()
+
+    s = BeamState(jnp.full((B, k), c.bos_id, jnp.int32), jnp.full((B, k, capacity), c.pad_id, jnp.int32),
+                  jnp.tile(jnp.asarray([0.0] + [-np.inf] * (k - 1), F32), (B, 1)),
+                  jnp.full((B, k, capacity), c.pad_id, jnp.int32), jnp.full((B, k), ninf, F32),
+                  jnp.zeros((B,), jnp.int32))
+    _, s, _, _ = lax.while_loop(running, step, (jnp.zeros((), jnp.int32), s, jnp.zeros((B,), bool),
+                                                _prefill(model, src, capacity, k)))
+    finished = jnp.isfinite(s.fin_score[:, 0])                        # else: the best alive hypothesis
+    best = jnp.where(finished[:, None], s.fin_seq[:, 0], s.alive_seq[:, 0])          # (B, P)
+    return best, jnp.where(finished, jnp.argmax(best == c.eos_id, axis=1) + 1, s.steps)

@@ -75,7 +75,9 @@ class DataParallel:
 
     def __init__(self, o: Options):
         self.strategy = _strategy(o.data_parallel)
-        self.options, self.world, self.rank = o, self.strategy.num_replicas_in_sync, _task(self.strategy)
+        resolver = getattr(self.strategy, "cluster_resolver", None)  # this process's TF_CONFIG task, if any
+        self.options, self.world = o, self.strategy.num_replicas_in_sync
+        self.rank = int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
         if self.world != o.data_parallel:
             raise ValueError(f"{MODULE}: --data-parallel {o.data_parallel}, but TF_CONFIG's cluster has "
                              f"{self.world} replicas")
@@ -177,9 +179,14 @@ class DataParallel:
                     ) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """The step in cross-replica context on per-replica ids (``_shards``), ``count`` () float32 the global
         batch's non-pad targets and the fp32 scalars ``hyper`` (``impl_tf.train.adam_scalars``): per-replica shares and
-        gradients (``_replica``), their all-reduce, Adam on every copy; -> (the global loss () float32, the global
-        gradients in schema order, fp32, each its parameter's shape)."""
-        shares, grads = self.strategy.run(self._replica, args=(src, tgt_in, tgt_out, count, hyper["label_smoothing"]))
+        gradients, their all-reduce, Adam on every copy; -> (the global loss () float32, the global gradients in
+        schema order, fp32, each its parameter's shape)."""
+        def replica(*args: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+            # in replica context: its dropout seed (2,) int64 from its own stream of the generator (module
+            # docstring), then its XLA program
+            return self._gradient(*args, self.state.rng.make_seeds(1)[:, 0], count, hyper["label_smoothing"])
+
+        shares, grads = self.strategy.run(replica, args=(src, tgt_in, tgt_out))
         params = self.model.params
         # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
         grads = self.strategy.extended.batch_reduce_to(SUM, list(zip(grads, params.values(), strict=True)))
@@ -191,13 +198,6 @@ class DataParallel:
                                           group=False)
         loss = self.strategy.reduce(SUM, shares, axis=None)                      # () the sum of the shares
         return loss, [self.strategy.experimental_local_results(g)[0] for g in grads]
-
-    def _replica(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, count: tf.Tensor,
-                 label_smoothing: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """One replica's part, in replica context: its dropout seed (2,) int64 from its own stream of the
-        generator (module docstring), then its XLA program."""
-        seed = self.state.rng.make_seeds(1)[:, 0]                                # (2,) this replica's
-        return self._gradient(src, tgt_in, tgt_out, seed, count, label_smoothing)
 
     def _replica_gradient(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
                           count: tf.Tensor, label_smoothing: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
@@ -251,12 +251,6 @@ def _strategy(n: int) -> tf.distribute.Strategy:
                          f"({devices[0].device_type}). {MODULE}.main splits a CPU into enough; elsewhere call "
                          f"tf.config.set_logical_device_configuration before TensorFlow starts")
     return tf.distribute.MirroredStrategy([d.name for d in devices[:n]])
-
-
-def _task(strategy: tf.distribute.Strategy) -> int:
-    """This process's index among the workers: its ``TF_CONFIG`` task index, 0 with one process."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    return int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
 
 
 def _cpu_devices(n: int) -> None:

@@ -37,7 +37,7 @@ def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) ->
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     args, size = _padded(model, src, limits)
-    loop = model._compiled("greedy_search", functools.partial(_greedy_loop, model), [IDS, LIMITS, IDS], size)
+    loop = model._compiled("greedy_search", functools.partial(_greedy, model), [IDS, LIMITS, IDS], size)
     out, steps = loop(*args)
     return tf.cast(out[:len(src), :int(steps)], tf.int64)
 
@@ -65,7 +65,7 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     validate.check_beam(beam_size, alpha, limits)
     beam_size, alpha = int(beam_size), float(alpha)
     (padded_src, padded_limits, seq), size = _padded(model, src, limits)
-    loop = model._compiled(f"beam_search (beam {beam_size})", functools.partial(_beam_loop, model, k=beam_size),
+    loop = model._compiled(f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
                            [IDS, LIMITS, tf.TensorSpec([], tf.float64), IDS], size)
     fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(
         padded_src, padded_limits, tf.constant(alpha, tf.float64), seq))
@@ -81,7 +81,7 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     return tf.constant(out)
 
 
-def _greedy_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tensor) -> tuple[tf.Tensor, ...]:
+def _greedy(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """src (B, S), limits (B,), out (B, P) pad-filled -> (out, steps taken)."""
     c = model.config
     B, P = tf.shape(out)[0], tf.shape(out)[1]
@@ -100,7 +100,7 @@ def _greedy_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.
     return out, t
 
 
-def _beam_loop(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tensor, seq: tf.Tensor, *, k: int
+def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tensor, seq: tf.Tensor, *, k: int
                ) -> tuple[tf.Tensor, ...]:
     """Beam search of width k for each source row; ``seq`` (B, P) pad-filled fixes the capacity. Returns finished
     sequences and scores (B, k, P), (B, k), the best alive sequence (B, P) and the steps each row ran (B,)."""

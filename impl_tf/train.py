@@ -95,8 +95,17 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
             if moments[have].shape != model.params[want].shape:
                 raise ValueError(f"train state: {k}.{have} has shape {tuple(moments[have].shape)}, the parameter "
                                  f"{tuple(model.params[want].shape)}")
+
+    def traced(src, tgt_in, tgt_out, seed, scalars, m, v) -> tf.Tensor:
+        # one step on padded ids: dropout from seed (2,) int64, each site its own count; Adam on the moments m, v
+        rng = (seed, itertools.count(1))
+        loss, grads = _value_and_gradients(model, src, tgt_in, tgt_out, scalars["label_smoothing"], rng)
+        adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None),
+                    scalars)
+        return loss
+
     size, batch = _batch(model, src, tgt_in, tgt_out)
-    step = model._compiled("train_step", lambda *args: _train_step(model, *args), None, size)
+    step = model._compiled("train_step", traced, None, size)
     loss = step(*batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
     state.step.assign_add(1)
     return loss, model, state
@@ -191,13 +200,3 @@ def _value_and_gradients(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, 
         loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32
     # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
     return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, list(model.params.values()))]
-
-
-def _train_step(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
-                scalars: dict[str, tf.Tensor], m: dict[str, tf.Variable], v: dict[str, tf.Variable]) -> tf.Tensor:
-    """One step on padded ids with dropout from ``seed`` (2,) int64 (each dropout site its own count): Adam with
-    the moments ``m``, ``v``; -> the loss."""
-    rng = (seed, itertools.count(1))
-    loss, grads = _value_and_gradients(model, src, tgt_in, tgt_out, scalars["label_smoothing"], rng)
-    adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None), scalars)
-    return loss

@@ -23,9 +23,9 @@ compile a bounded number of programs, ``model(...)``, ``encode`` and the searche
 buckets (powers of two) and slice the results back; each compilation logs one line at INFO on the ``"impl_tf"``
 logger. Evaluation (the forward, decoding, search) never drops out.
 
-Training (section 5, ``impl_tf.train``): ``init_train_state`` gives a ``TrainState`` (a ``tf.Module`` of Adam's fp32
-moment variables, the step, the ``TrainConfig`` and a ``tf.random.Generator`` for dropout); ``train_step`` runs one
-compiled step (dropout, ``tf.GradientTape`` gradients, Adam) and updates model and state in place;
+Training (section 5, ``impl_tf.train``): ``init_train_state`` gives a ``TrainState`` (a dataclass: the
+step, the ``TrainConfig``, Adam's fp32 moment variables and a ``tf.random.Generator`` for dropout); ``train_step``
+runs one compiled step (dropout, ``tf.GradientTape`` gradients, Adam) and updates model and state in place;
 ``loss_and_gradients`` evaluates the loss and the fp32 gradients; ``save_train_state`` and ``load_train_state``
 write and read the canonical train-state file. The library sets no process-wide TensorFlow flag and never reads or
 seeds TensorFlow's global RNG.
@@ -41,26 +41,27 @@ except ModuleNotFoundError as e:
                               "'aiayn-tf[cpu]', 'aiayn-tf[gpu]' (NVIDIA, tensorflow[and-cuda]) or "
                               "'aiayn-tf[tensorflow]'") from e
 
-from impl_tf.generate import beam_search, greedy_search  # noqa: E402
 from impl_tf.layers import (  # noqa: E402
     DecoderLayer,
-    Embedding,
+    Embedder,
     EncoderLayer,
     FeedForward,
     LayerNorm,
     MultiHeadAttention,
-    SublayerConnection,
+    dropout,
     positional_encoding,
-    residual_add,
     scaled_dot_product_attention,
 )
 from impl_tf.model import Decoder, Encoder, KVCache, Transformer  # noqa: E402
+from impl_tf.search import BeamState, beam_search, greedy_search  # noqa: E402
 from impl_tf.train import (  # noqa: E402
     TrainState,
+    adam_update,
     init_train_state,
     load_train_state,
     loss_and_gradients,
     save_train_state,
+    smoothed_loss,
     train_step,
 )
 from impl_tf.weights import from_params, load_weights, params_of, save_weights  # noqa: E402
@@ -68,9 +69,9 @@ from impl_tf.weights import from_params, load_weights, params_of, save_weights  
 __version__ = "0.2.0"
 
 __all__ = [
-    "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "SublayerConnection", "TrainState", "Transformer", "__version__", "beam_search",
-    "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights", "loss_and_gradients",
-    "params_of", "positional_encoding", "residual_add", "save_train_state", "save_weights",
-    "scaled_dot_product_attention", "train_step",
+    "BeamState", "Decoder", "DecoderLayer", "Embedder", "Encoder", "EncoderLayer", "FeedForward", "KVCache",
+    "LayerNorm", "MultiHeadAttention", "TrainState", "Transformer", "__version__", "adam_update", "beam_search",
+    "dropout", "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights",
+    "loss_and_gradients", "params_of", "positional_encoding", "save_train_state", "save_weights",
+    "scaled_dot_product_attention", "smoothed_loss", "train_step",
 ]

@@ -1,4 +1,4 @@
-"""Data-parallel training on ``tf.distribute`` (issue 13): the command line of ``spec.data_parallel``.
+"""Data-parallel training on ``tf.distribute``: the command line of ``spec.data_parallel``.
 
     python -m impl_tf.train_dp --data-parallel 2 [--steps N] [--checkpoint-dir D [--resume]] [--record R]
 
@@ -19,12 +19,12 @@ per host, each with ``TF_CONFIG`` naming the cluster's "worker" tasks and its ow
 collectives span the hosts.
 
 Loss. Replica r computes the label-smoothed loss of its shard summed over its non-pad targets and divided by the
-*global* batch's ``token_count`` N (``impl_tf.train._smoothed_loss`` with ``count``), so the replicas' shares, and
+*global* batch's ``token_count`` N (``impl_tf.train.smoothed_loss`` with ``count``), so the replicas' shares, and
 their gradients, add up to the global batch's loss and gradient (not a mean of per-worker means); the reduction is a
 SUM (no engine averages here, so nothing is rescaled). Padding rows and positions are ``pad_id`` targets and count
 in neither.
 
-Dropout. Masks as ``impl_tf.train_step`` draws them (``layers.Dropout``, stateless ops from a seed drawn from the
+Dropout. Masks as ``impl_tf.train_step`` draws them (``layers.dropout``, stateless ops from a seed drawn from the
 train state's ``tf.random.Generator``, never TensorFlow's global RNG), each replica from its own stream: the
 generator, seeded with ``--seed`` as ``init_train_state`` seeds it and created in the strategy's scope, hashes the
 replica's id into its key when it is drawn from in replica context (``tf.random.Generator``'s documented behaviour
@@ -37,6 +37,8 @@ holds that state (its "rng"), so a resumed run draws the masks the uninterrupted
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import sys
 from pathlib import Path
@@ -47,9 +49,9 @@ import tensorflow as tf
 
 import impl_tf
 from impl_tf import train
-from impl_tf.layers import Dropout
 from spec import data_parallel, weights_io
 from spec.data_parallel import Batch, Options
+from spec.recording import recording
 
 MODULE = "impl_tf.train_dp"
 SUM = tf.distribute.ReduceOp.SUM
@@ -73,18 +75,21 @@ class DataParallel:
 
     def __init__(self, o: Options):
         self.strategy = _strategy(o.data_parallel)
-        self.options, self.world, self.rank = o, self.strategy.num_replicas_in_sync, _task(self.strategy)
+        resolver = getattr(self.strategy, "cluster_resolver", None)  # this process's TF_CONFIG task, if any
+        self.options, self.world = o, self.strategy.num_replicas_in_sync
+        self.rank = int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
         if self.world != o.data_parallel:
             raise ValueError(f"{MODULE}: --data-parallel {o.data_parallel}, but TF_CONFIG's cluster has "
                              f"{self.world} replicas")
         self.chief = self.rank == 0
+        self._buckets = set()  # shapes the step was given so far: XLA compiled each once
         with self.strategy.scope():  # variables made here are mirrored, one copy per device
             self.model = impl_tf.Transformer(o.config, seed=o.seed)
             self.state = impl_tf.init_train_state(self.model, o.train_config, seed=o.seed)
         # Traced once per bucket and shape-polymorphic from the second (as impl_tf.train_step); the per-replica
         # program is traced once per device with it (a MirroredStrategy retraces a function for each device it
         # runs on), and XLA compiles each concrete shape of it. XLA because the layers' bf16 products are written
-        # for it (impl_tf.layers), and it is faster: tiny, fp32, two CPU devices, 12 ms a step against 22 ms.
+        # for it (impl_tf.numerics), and it is faster (docs/decisions-tf.md).
         self._step = tf.function(self._step_graph, reduce_retracing=True)
         self._gradient = tf.function(self._replica_gradient, jit_compile=True, reduce_retracing=True)
 
@@ -100,11 +105,11 @@ class DataParallel:
         config = self.model.config
         shards = self._shards(batch)                                   # PerReplica (Bs, Sb), (Bs, Tb), (Bs, Tb)
         count = tf.constant(data_parallel.token_count(batch[2], config.pad_id), tf.float32)  # () N, exact in fp32
-        loss, grads = self._step(*shards, count, train._hyper(self.model, self.state))
+        loss, grads = self._step(*shards, count, train.adam_scalars(self.model, self.state))
         self.state.step.assign_add(1)
         kept = None
         if keep_gradient:
-            kept = {name: g.numpy() for name, g in zip(self.model.parameters(), grads, strict=True)}  # fp32
+            kept = {name: g.numpy() for name, g in zip(self.model.params, grads, strict=True)}  # fp32
         return float(loss), kept
 
     def params(self) -> dict[str, np.ndarray]:
@@ -137,7 +142,7 @@ class DataParallel:
         """
         _, params = weights_io.load_weights(directory / "model.safetensors", self.model.config)
         stored = impl_tf.load_train_state(directory / "train_state.safetensors", self.model)  # not mirrored
-        for name, p in self.model.parameters().items():
+        for name, p in self.model.params.items():
             p.assign(params[name])  # in cross-replica context: every copy
             self.state.m[name].assign(stored.m[name])
             self.state.v[name].assign(stored.v[name])
@@ -160,9 +165,10 @@ class DataParallel:
         """
         shards = data_parallel.padded_shards(batch, self.world, self.model.config)  # N x ((Bs, Sb), (Bs, Tb) x2)
         (Bs, Sb), Tb = shards[0][0].shape, shards[0][1].shape[1]
-        self.model._compiling("train_dp step", (Bs, Sb, Tb),
-                              f"{self.world} replica(s) of batch {Bs}, source length {Sb}, target length {Tb} "
-                              f"(buckets)")
+        if (Bs, Sb, Tb) not in self._buckets:
+            self._buckets.add((Bs, Sb, Tb))
+            logging.getLogger("impl_tf").info("impl_tf: compiling train_dp step for %s replica(s) of shape %s",
+                                              self.world, (Bs, Sb, Tb))
 
         def replica_rows(ctx: tf.distribute.ValueContext) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             return tuple(tf.constant(x) for x in shards[ctx.replica_id_in_sync_group])
@@ -172,32 +178,37 @@ class DataParallel:
     def _step_graph(self, src: Any, tgt_in: Any, tgt_out: Any, count: tf.Tensor, hyper: dict[str, tf.Tensor]
                     ) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """The step in cross-replica context on per-replica ids (``_shards``), ``count`` () float32 the global
-        batch's non-pad targets and the fp32 scalars ``hyper`` (``impl_tf.train._hyper``): per-replica shares and
-        gradients (``_replica``), their all-reduce, Adam on every copy; -> (the global loss () float32, the global
-        gradients in schema order, fp32, each its parameter's shape)."""
-        shares, grads = self.strategy.run(self._replica, args=(src, tgt_in, tgt_out, count, hyper["label_smoothing"]))
-        params = list(self.model.parameters().values())
+        batch's non-pad targets and the fp32 scalars ``hyper`` (``impl_tf.train.adam_scalars``): per-replica shares and
+        gradients, their all-reduce, Adam on every copy; -> (the global loss () float32, the global gradients in
+        schema order, fp32, each its parameter's shape)."""
+        def replica(*args: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+            # in replica context: its dropout seed (2,) int64 from its own stream of the generator (module
+            # docstring), then its XLA program
+            return self._gradient(*args, self.state.rng.make_seeds(1)[:, 0], count, hyper["label_smoothing"])
+
+        shares, grads = self.strategy.run(replica, args=(src, tgt_in, tgt_out))
+        params = self.model.params
         # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
-        grads = self.strategy.extended.batch_reduce_to(SUM, list(zip(grads, params, strict=True)))  # p's shapes
-        for p, g, m, v in zip(params, grads, self.state.m.values(), self.state.v.values(), strict=True):
+        grads = self.strategy.extended.batch_reduce_to(SUM, list(zip(grads, params.values(), strict=True)))
+        for (name, p), g in zip(params.items(), grads, strict=True):
             # fn(p's copy on a device, that device's g, m, v): the same update on the same values in every replica
-            self.strategy.extended.update(p, train._adam_update, args=(g, m, v, hyper), group=False)
+            update = lambda p, g, m, v, s, n=name: train.adam_update(  # noqa: E731
+                {n: p}, {n: g}, train.TrainState(None, None, {n: m}, {n: v}, None), s)
+            self.strategy.extended.update(p, update, args=(g, self.state.m[name], self.state.v[name], hyper),
+                                          group=False)
         loss = self.strategy.reduce(SUM, shares, axis=None)                      # () the sum of the shares
         return loss, [self.strategy.experimental_local_results(g)[0] for g in grads]
-
-    def _replica(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, count: tf.Tensor,
-                 label_smoothing: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """One replica's part, in replica context: its dropout seed (2,) int64 from its own stream of the
-        generator (module docstring), then its XLA program."""
-        seed = self.state.rng.make_seeds(1)[:, 0]                                # (2,) this replica's
-        return self._gradient(src, tgt_in, tgt_out, seed, count, label_smoothing)
 
     def _replica_gradient(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
                           count: tf.Tensor, label_smoothing: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """src (Bs, Sb), tgt_in (Bs, Tb), tgt_out (Bs, Tb) int32 -> (this replica's share ``sum_local / count``,
         () float32; its fp32 gradient of each parameter in schema order), dropout from ``seed``."""
-        dropout = Dropout(self.model.config.dropout, seed)
-        return train._value_and_gradients(self.model, src, tgt_in, tgt_out, label_smoothing, dropout, count)
+        params = list(self.model.params.values())
+        with tf.GradientTape() as tape, recording():
+            logits = self.model._forward(src, tgt_in, (seed, itertools.count(1)))        # (Bs, Tb, V) float32
+            share = train.smoothed_loss(logits, tgt_out, label_smoothing, self.model.config.pad_id, count=count)
+        # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
+        return share, [tf.convert_to_tensor(g) for g in tape.gradient(share, params)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -240,12 +251,6 @@ def _strategy(n: int) -> tf.distribute.Strategy:
                          f"({devices[0].device_type}). {MODULE}.main splits a CPU into enough; elsewhere call "
                          f"tf.config.set_logical_device_configuration before TensorFlow starts")
     return tf.distribute.MirroredStrategy([d.name for d in devices[:n]])
-
-
-def _task(strategy: tf.distribute.Strategy) -> int:
-    """This process's index among the workers: its ``TF_CONFIG`` task index, 0 with one process."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    return int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
 
 
 def _cpu_devices(n: int) -> None:

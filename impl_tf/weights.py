@@ -24,13 +24,13 @@ def from_params(config: Config, params: dict[str, np.ndarray]) -> Transformer:
             wrong shape or dtype for ``config``, or non-finite.
     """
     weights_io.check_params(config, params)
-    return Transformer._of(config, params)
+    return Transformer(config, params=params)
 
 
 def params_of(model: Transformer) -> dict[str, np.ndarray]:
     """The model's parameters as canonical ``{name: NumPy array}`` in their stored dtype (``config.param_dtype``;
     bf16 as ``ml_dtypes.bfloat16``), in the order of ``spec.schema.param_specs``."""
-    return {name: v.numpy() for name, v in model.parameters().items()}
+    return {name: v.numpy() for name, v in model.params.items()}
 
 
 def load_weights(path: str | os.PathLike, config: Config | None = None) -> Transformer:
@@ -44,7 +44,8 @@ def load_weights(path: str | os.PathLike, config: Config | None = None) -> Trans
             ``config`` differs there, or the tensor that is missing, unexpected, of the wrong shape or dtype, or
             non-finite.
     """
-    return Transformer._of(*weights_io.load_weights(path, config))
+    config, params = weights_io.load_weights(path, config)
+    return Transformer(config, params=params)
 
 
 def save_weights(model: Transformer, path: str | os.PathLike) -> None:

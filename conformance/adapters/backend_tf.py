@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import impl_tf
 from conformance.adapters.base import train_through_api
+from impl_tf.layers import residual_add
 from spec.config import Config
 
 # fp32 products must be fp32 on GPUs too (spec.numerics rule 8); op determinism keeps runs repeatable.
@@ -73,21 +74,23 @@ class TFModel:
         if layer == "positional_encoding":
             return {"pe": impl_tf.positional_encoding(self.config.max_len, self.config.d_model).numpy()}
         if layer == "embedding":
-            return {"x": m.embedding(tf.cast(i["ids"], tf.int32)).numpy()}
+            return {"x": m.embedder.encode(tf.cast(i["ids"], tf.int32)).numpy()}
         if layer == "scaled_dot_product_attention":
-            return {"out": impl_tf.scaled_dot_product_attention(i["q"], i["k"], i["v"], i["mask"]).numpy()}
+            k, v = (tf.transpose(i[n], [0, 2, 1, 3]) for n in ("k", "v"))  # heads-major, as the KV cache holds them
+            return {"out": impl_tf.scaled_dot_product_attention(i["q"], k, v, i["mask"]).numpy()}
         if layer == "multi_head_attention":
-            return {"out": _module(m, prefix)(i["x_q"], i["x_kv"], i["mask"]).numpy()}
+            attn = _module(m, prefix)
+            return {"out": attn.forward(i["x_q"], attn.project_kv(i["x_kv"]), i["mask"]).numpy()}
         if layer == "add_norm":  # the paper's post-LN LayerNorm(x + y) with the norm at prefix
-            return {"out": _module(m, prefix)(impl_tf.residual_add(i["x"], i["y"])).numpy()}
+            return {"out": _module(m, prefix).forward(residual_add(i["x"], i["y"])).numpy()}
         if layer == "feed_forward":
-            return {"out": _module(m, prefix)(i["x"]).numpy()}
+            return {"out": _module(m, prefix).forward(i["x"]).numpy()}
         if layer == "encoder_layer":
-            return {"out": _module(m, prefix)(i["x"], i["mask"]).numpy()}
+            return {"out": _module(m, prefix).forward(i["x"], i["mask"]).numpy()}
         if layer == "decoder_layer":
             return {"out": self._decoder_layer(_module(m, prefix), i)}
         if layer == "output_projection":
-            return {"logits": m.embedding.logits(i["h"]).numpy()}
+            return {"logits": m.embedder.decode(i["h"]).numpy()}
         raise ValueError(f"unknown layer {layer!r}")
 
     def _decoder_layer(self, layer: impl_tf.DecoderLayer, i: dict[str, tf.Tensor]) -> np.ndarray:
@@ -95,7 +98,7 @@ class TFModel:
         y, c = i["y"], self.config
         B, T = y.shape[0], y.shape[1]
         empty = (tf.zeros([B, c.n_heads, T, c.d_k], y.dtype), tf.zeros([B, c.n_heads, T, c.d_v], y.dtype))
-        out, _ = layer(y, empty, 0, i["self_mask"], layer.cross_attn.key_value(i["memory"]), i["memory_mask"])
+        out, _ = layer.forward(y, empty, i["self_mask"], layer.cross_attn.project_kv(i["memory"]), i["memory_mask"], 0)
         return out.numpy()
 
     def save(self, path: Path) -> None:

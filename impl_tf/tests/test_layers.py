@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl_tf
-from impl_tf.layers import _tensordot
+from impl_tf.numerics import linear
 from spec import reference as ref
 from spec.numerics import Numerics
 from spec.recording import record, recording, scope
@@ -31,7 +31,7 @@ def test_product_rounds_once_after_the_bias(compiled):
     x = rng.standard_normal((4, 9, 256)).astype(BF16)
     w = rng.standard_normal((256, 40)).astype(BF16)
     b = rng.standard_normal(40).astype(BF16)
-    product = lambda x, w, b: _tensordot(x, w, bias=b)  # noqa: E731
+    product = lambda x, w, b: linear(x, w, b)  # noqa: E731
     got = (tf.function(product, jit_compile=True) if compiled else product)(*map(tf.constant, (x, w, b))).numpy()
     exact = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
     ideal = exact.astype(np.float32).astype(BF16)
@@ -51,8 +51,9 @@ def test_masked_keys_get_zero_weight(seed, T, S):
     mask = rng.random((2, 1, T, S)) < 0.6
     mask[1, 0, 0] = False  # one fully masked row
     v2 = np.where(mask.any(axis=(1, 2))[:, :, None, None], v, v + BF16(3.0)).astype(BF16)
-    a = impl_tf.scaled_dot_product_attention(q, k, v, mask).numpy()
-    b = impl_tf.scaled_dot_product_attention(q, k, v2, mask).numpy()
+    heads_major = lambda x: np.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, H, S, K) as the KV cache holds them
+    a = impl_tf.scaled_dot_product_attention(q, heads_major(k), heads_major(v), mask).numpy()
+    b = impl_tf.scaled_dot_product_attention(q, heads_major(k), heads_major(v2), mask).numpy()
     assert a.shape == (2, T, 3, 5) and a.dtype == BF16
     assert np.isfinite(a.astype(np.float32)).all()
     rows = mask[:, 0].any(axis=-1)  # (B, T): queries with at least one key
@@ -63,7 +64,7 @@ def test_layer_norm_statistics_in_fp32(model):
     """LayerNorm of a bf16 input whose mean dwarfs its spread: fp32 statistics keep the spread."""
     norm = model.encoder.layers[0].ffn_norm
     x = (256.0 + np.arange(32) % 4).astype(BF16)[None, None]
-    got = norm(tf.constant(x)).numpy().astype(np.float64)
+    got = norm.forward(tf.constant(x)).numpy().astype(np.float64)
     p = {f"n.{k}": v.numpy().astype(np.float64) for k, v in (("scale", norm.scale), ("bias", norm.bias))}
     want = ref.layer_norm(p, "n", x.astype(np.float64), norm.eps, Numerics("bfloat16"))
     np.testing.assert_array_equal(got, want)
@@ -79,5 +80,5 @@ def test_record_collects_only_while_recording(model):
     assert rec == {}
     mask = tf.ones((1, 1, 1, 3), tf.bool)
     with recording() as rec, scope("encoder.layers.0"):
-        model.encoder.layers[0](x, mask)
+        model.encoder.layers[0].forward(x, mask)
     assert sorted(rec) == [f"encoder.layers.0.{s}" for s in ("ffn", "ffn.residual", "self_attn", "self_attn.residual")]

@@ -11,7 +11,6 @@ import pytest
 import tensorflow as tf
 
 import impl_tf
-from impl_tf.model import as_ids
 from spec import api, shapes
 from spec import reference as ref
 from spec.init import init_params
@@ -20,7 +19,7 @@ from spec.schema import param_specs
 
 
 def test_variables_are_named_by_the_canonical_names(model, params):
-    got = model.parameters()
+    got = model.params
     assert list(got) == [s.name for s in param_specs(model.config)]
     assert len(model.trainable_variables) == len(got), "the shared embedding must be one variable"
     for name, v in got.items():
@@ -100,14 +99,14 @@ def test_compiled_functions_trace_once_across_shapes(model, tokens):
     for B, S, T in [(2, 6, 5), (1, 3, 2)]:
         model(tokens(B, B, S), tokens(S, B, T, bos=True))
         model.encode(tokens(B, B, S))
-    assert model._forward.experimental_get_tracing_count() == 1
-    assert model._encode.experimental_get_tracing_count() == 1
+    assert model.compiled["forward"].experimental_get_tracing_count() == 1
+    assert model.compiled["encode"].experimental_get_tracing_count() == 1
     for capacity in (5, 2):
         src = tokens(12, 2, 6)
         cache = model.init_cache(model.encode(src), src, capacity)
         for t in range(capacity):
             _, cache = model.decode(tokens(t, 2, 1), cache)
-    assert model._decode.experimental_get_tracing_count() == 1
+    assert model.compiled["decode"].experimental_get_tracing_count() == 1
 
 
 def test_seed_gives_the_spec_weights(config):
@@ -170,19 +169,20 @@ def test_shapes_are_padded_to_buckets_and_logged(config, params, tokens, caplog)
             src[0, S - 1:] = config.pad_id
             got = model(src, tgt_in).numpy()
             assert got.shape == (B, T, config.vocab_size)
-            np.testing.assert_array_equal(got, model._forward(as_ids(src), as_ids(tgt_in)).numpy())
+            ids = (tf.constant(x, tf.int32) for x in (src, tgt_in))
+            np.testing.assert_array_equal(got, model.compiled["forward"](*ids).numpy())
             memory = model.encode(src).numpy()
             assert memory.shape == (B, S, config.d_model)
-            np.testing.assert_array_equal(memory, model._encode(as_ids(src)).numpy())
+            np.testing.assert_array_equal(memory, model.compiled["encode"](tf.constant(src, tf.int32)).numpy())
         model(tokens(0, 1, 9), tokens(1, 1, 3, bos=True))
         cache = model.init_cache(model.encode(src), src, 2)  # not padded: the capacity is the caller's
         for t in range(2):
             _, cache = model.decode(tokens(t, 3, 1), cache)
     assert [r.getMessage() for r in caplog.records if r.name == "impl_tf"] == [
-        "impl_tf: compiling forward for batch 4, source length 8, target length 8 (buckets)",
-        "impl_tf: compiling encode for batch 4, source length 8 (buckets)",
-        "impl_tf: compiling forward for batch 1, source length 16, target length 8 (buckets)",
-        "impl_tf: compiling decode for batch 3, steps of 1 tokens, capacity 2, source length 6",
+        "impl_tf: compiling forward for shape (4, 8, 8)",
+        "impl_tf: compiling encode for shape (4, 8)",
+        "impl_tf: compiling forward for shape (1, 16, 8)",
+        "impl_tf: compiling decode for shape (3, 1, 2, 6)",
     ]
 
 

@@ -25,6 +25,7 @@ The models compile once per test module (XLA, a few seconds each); tests that tr
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from pathlib import Path
@@ -35,7 +36,7 @@ import tensorflow as tf
 
 import impl_tf
 import spec
-from impl_tf.layers import Dropout
+from impl_tf.layers import dropout
 from spec import backward, golden_training, tolerance, training
 from spec import train_state_io as spec_io
 from spec.numerics import Numerics
@@ -59,7 +60,7 @@ def _batches(c) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
 
 def _restore(model: impl_tf.Transformer, params: dict[str, np.ndarray]) -> None:
     """Put canonical ``params`` back into the model's variables (keeps its compiled functions)."""
-    for name, var in model.parameters().items():
+    for name, var in model.params.items():
         var.assign(params[name])
 
 
@@ -211,7 +212,7 @@ def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16):
 def test_dropout_statistics(rate, dtype):
     """The kept fraction is 1 - rate within 5 standard deviations; kept values are x / (1 - rate) rounded once."""
     x = tf.cast(tf.random.stateless_normal([256, 512], seed=[3, 4]), dtype)      # (256, 512), 131072 elements
-    y = Dropout(rate, tf.constant([7, 0], tf.int64))(x)
+    y = dropout(x, rate, _rng([7, 0]))
     kept = (y.numpy() != 0) | (x.numpy() == 0)
     sigma = np.sqrt(rate * (1 - rate) / kept.size)
     print(f"rate {rate}: kept {kept.mean():.5f}, expected {1 - rate} +- {sigma:.2g}")
@@ -223,12 +224,17 @@ def test_dropout_statistics(rate, dtype):
 def test_dropout_sites_and_seeds():
     """Each call (a site) draws its own mask; the same seed gives the same masks; rate 0 is the identity."""
     x = tf.ones([64, 64])
-    a, b = Dropout(0.5, tf.constant([1, 2], tf.int64)), Dropout(0.5, tf.constant([1, 2], tf.int64))
-    first, second = a(x).numpy(), a(x).numpy()
+    a, b = _rng([1, 2]), _rng([1, 2])
+    first, second = dropout(x, 0.5, a).numpy(), dropout(x, 0.5, a).numpy()
     assert not np.array_equal(first, second)
-    np.testing.assert_array_equal(first, b(x).numpy())
-    assert not np.array_equal(first, Dropout(0.5, tf.constant([1, 3], tf.int64))(x).numpy())
-    assert Dropout(0.0, tf.constant([1, 2], tf.int64))(x) is x
+    np.testing.assert_array_equal(first, dropout(x, 0.5, b).numpy())
+    assert not np.array_equal(first, dropout(x, 0.5, _rng([1, 3])).numpy())
+    assert dropout(x, 0.0, _rng([1, 2])) is x and dropout(x, 0.5, None) is x
+
+
+def _rng(seed: list[int]) -> tuple[tf.Tensor, itertools.count]:
+    """A dropout ``rng`` as a training forward gets it: the step's seed (2,) int64 and the sites' count."""
+    return tf.constant(seed, tf.int64), itertools.count(1)
 
 
 def test_evaluation_never_drops_out(model_bf16, params_bf16):
@@ -286,14 +292,14 @@ def test_model_learns_a_copy_task(model_bf16, params_bf16):
 
 
 def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16, params_bf16, tmp_path):
-    """``tf.Module`` walks every attribute, the compiled functions' table too, to list variables (``parameters``,
+    """``tf.Module`` walks every attribute, the compiled functions' table too, to list variables (``params``,
     ``save_weights``): decoding, then a training step of a new shape, must leave that walk working."""
     src, tgt_in, tgt_out = _copy_task()
     _restore(model_bf16, params_bf16)
     impl_tf.greedy_search(model_bf16, src, max_new_tokens=3)
     state = impl_tf.init_train_state(model_bf16, TC, seed=0)
     impl_tf.train_step(model_bf16, state, src[:1], tgt_in[:1], tgt_out[:1])
-    assert list(model_bf16.parameters()) == list(params_bf16)
+    assert list(model_bf16.params) == list(params_bf16)
     impl_tf.save_weights(model_bf16, tmp_path / "model.safetensors")
     _restore(model_bf16, params_bf16)
 
@@ -323,9 +329,9 @@ def test_save_and_load_continue_bit_for_bit(model_bf16, params_bf16, tmp_path):
 
 def test_load_another_frameworks_state(model32, tmp_path):
     """A file written by another framework: moments, step and config kept, the RNG seeded from 0 with a warning."""
-    names = list(model32.parameters())
+    names = list(model32.params)
     rng = np.random.default_rng(0)
-    m = {k: rng.standard_normal(p.shape).astype(np.float32) for k, p in model32.parameters().items()}
+    m = {k: rng.standard_normal(p.shape).astype(np.float32) for k, p in model32.params.items()}
     spec_io.save(tmp_path / "torch.safetensors",
                  spec_io.StoredState(m, m, 5, TC, np.zeros(16, np.uint8), "torch"))
     with pytest.warns(UserWarning, match="dropout masks will differ"):

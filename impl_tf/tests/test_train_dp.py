@@ -120,7 +120,7 @@ def test_state_is_mirrored_and_each_replica_draws_its_own_masks(launch):
         s, state = engine.strategy, engine.state
         local = lambda x: [v.numpy().tolist() for v in s.experimental_local_results(x)]
         seeds = local(tf.function(lambda: s.run(lambda: state.rng.make_seeds(1)[:, 0]))())
-        variables = [*engine.model.parameters().values(), *state.m.values(), *state.v.values(), state.step,
+        variables = [*engine.model.params.values(), *state.m.values(), *state.v.values(), state.step,
                      state.rng.state]
         try:
             engine.step(dp.global_batch(o.config, 1, 7, 0), keep_gradient=False)

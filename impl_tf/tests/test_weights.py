@@ -17,7 +17,7 @@ def test_round_trip_is_bit_exact(config, tmp_path, dtype):
     params = init_params(c, 3, observable=True)
     save_weights(tmp_path / "in.safetensors", c, params)
     model = impl_tf.load_weights(tmp_path / "in.safetensors")
-    assert model.embedding.embedding.dtype.name == dtype
+    assert model.embedder.table.dtype.name == dtype
     impl_tf.save_weights(model, tmp_path / "out.safetensors")
     c2, back = load_weights(tmp_path / "out.safetensors")
     assert c2 == c and sorted(back) == sorted(params)

@@ -97,11 +97,11 @@ def test_generation_loops_trace_once_and_compile_per_bucket(config, tokens, capl
             assert impl_tf.greedy_search(model, tokens(B, B, S), max_new_tokens=n).shape[0] == B
             assert impl_tf.beam_search(model, tokens(B, B, S), beam_size=2, max_new_tokens=n).shape[0] == B
     assert [r.getMessage() for r in caplog.records if r.name == "impl_tf"] == [
-        "impl_tf: compiling greedy_search for batch 4, source length 8, capacity 8 (buckets)",
-        "impl_tf: compiling beam_search (beam 2) for batch 4, source length 8, capacity 8 (buckets)",
+        "impl_tf: compiling greedy_search for shape (4, 8, 8)",
+        "impl_tf: compiling beam_search (beam 2) for shape (4, 8, 8)",
     ]
-    assert model._loops["greedy"].experimental_get_tracing_count() == 1
-    assert model._loops["beam_2"].experimental_get_tracing_count() == 1
+    assert model.compiled["greedy_search"].experimental_get_tracing_count() == 1
+    assert model.compiled["beam_search (beam 2)"].experimental_get_tracing_count() == 1
 
 
 @pytest.mark.parametrize("kind", ["greedy", "beam"])

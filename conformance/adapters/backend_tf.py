@@ -1,14 +1,12 @@
-"""The TensorFlow backend (``impl_tf``) behind the adapter protocol (``conformance.adapters.base``).
+"""impl_tf as a conformance backend: the generic adapter (``conformance.adapters.impl``) in TensorFlow's dialect.
 
-A thin translation over ``impl_tf``'s public API (``spec.api``): ``load_weights``, ``model(...)``,
-``model.encode``, ``model.init_cache``, ``model.decode``, ``greedy_search``, ``beam_search``, ``save_weights``;
-and the model's layers (``tf.Module``s named by canonical prefix) to run one layer alone. NumPy in, NumPy out.
-TF32 off (fp32 products stay fp32 on GPUs, ``spec.numerics`` rule 8) and op determinism on are the test
-harness's process-wide choices, not the library's.
+Layers alone run eagerly on the model's own ``tf.Module``s. TF32 off (fp32 products stay fp32 on GPUs,
+``spec.numerics`` rule 8) and op determinism on are the test harness's process-wide choices, not the library's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from pathlib import Path
 
@@ -16,105 +14,55 @@ import numpy as np
 import tensorflow as tf
 
 import impl_tf
-from conformance.adapters.base import train_through_api
+from conformance.adapters.impl import ImplModel
 from impl_tf.layers import residual_add
-from spec.config import Config
 
 # fp32 products must be fp32 on GPUs too (spec.numerics rule 8); op determinism keeps runs repeatable.
 tf.config.experimental.enable_tensor_float_32_execution(False)
 tf.config.experimental.enable_op_determinism()
 
 
-def _tensor(x: np.ndarray) -> tf.Tensor:
-    """A layer input: masks stay bool, activations keep their dtype (bf16 via ml_dtypes)."""
-    return tf.constant(x)
+class TFDialect:
+    def array(self, x):
+        return x.numpy()
 
+    def tensor(self, a, model):
+        return tf.constant(a.astype(np.int32) if a.dtype.kind in "iu" else a)  # ids as the model's int32
 
-def _module(model: impl_tf.Transformer, prefix: str):
-    """The layer at a canonical prefix: "decoder.layers.1.cross_attn" -> model.decoder.layers[1].cross_attn."""
-    obj = model
-    for part in prefix.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj
+    def zeros(self, like, shape):
+        return tf.zeros(shape, like.dtype)
 
+    def heads_major(self, x):
+        return tf.transpose(x, [0, 2, 1, 3])
 
-class TFModel:
-    def __init__(self, model: impl_tf.Transformer):
-        self.model = model
-        self.config: Config = model.config
+    def add(self, x, y):
+        return residual_add(x, y)
 
-    def forward(self, src, tgt_in, intermediates=False):
-        if not intermediates:
-            return self.model(src, tgt_in).numpy(), {}
-        logits, rec = self.model(src, tgt_in, intermediates=True)
-        return logits.numpy(), {name: x.numpy() for name, x in rec.items()}
+    def attention_options(self, model):
+        return {}
 
-    def encode(self, src):
-        return self.model.encode(src).numpy()
+    def concat(self, xs):
+        return tf.concat(xs, axis=1)
 
-    def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
-        T = np.shape(tgt_in)[1]
-        cache = self.model.init_cache(self.model.encode(src), src, T if capacity is None else capacity)
-        steps, start = [], 0
-        for n in chunks if chunks is not None else [1] * T:
-            logits, cache = self.model.decode(np.asarray(tgt_in)[:, start:start + n], cache)
-            steps.append(logits.numpy())
-            start += n
-        return np.concatenate(steps, axis=1)
+    def evaluating(self):
+        return contextlib.nullcontext()
 
-    def greedy(self, src, max_new_tokens=None):
-        return impl_tf.greedy_search(self.model, src, max_new_tokens).numpy()
+    def layers_of(self, model):
+        return model
 
-    def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
-        return impl_tf.beam_search(self.model, src, beam_size, alpha, max_new_tokens).numpy()
+    def run(self, key, fn, *args):
+        return fn(*args)
 
-    def run_layer(self, layer, prefix, inputs):
-        i = {k: _tensor(v) for k, v in inputs.items()}
-        m = self.model
-        if layer == "positional_encoding":
-            return {"pe": impl_tf.positional_encoding(self.config.max_len, self.config.d_model).numpy()}
-        if layer == "embedding":
-            return {"x": m.embedder.encode(tf.cast(i["ids"], tf.int32)).numpy()}
-        if layer == "scaled_dot_product_attention":
-            k, v = (tf.transpose(i[n], [0, 2, 1, 3]) for n in ("k", "v"))  # heads-major, as the KV cache holds them
-            return {"out": impl_tf.scaled_dot_product_attention(i["q"], k, v, i["mask"]).numpy()}
-        if layer == "multi_head_attention":
-            attn = _module(m, prefix)
-            return {"out": attn.forward(i["x_q"], attn.project_kv(i["x_kv"]), i["mask"]).numpy()}
-        if layer == "add_norm":  # the paper's post-LN LayerNorm(x + y) with the norm at prefix
-            return {"out": _module(m, prefix).forward(residual_add(i["x"], i["y"])).numpy()}
-        if layer == "feed_forward":
-            return {"out": _module(m, prefix).forward(i["x"]).numpy()}
-        if layer == "encoder_layer":
-            return {"out": _module(m, prefix).forward(i["x"], i["mask"]).numpy()}
-        if layer == "decoder_layer":
-            return {"out": self._decoder_layer(_module(m, prefix), i)}
-        if layer == "output_projection":
-            return {"logits": m.embedder.decode(i["h"]).numpy()}
-        raise ValueError(f"unknown layer {layer!r}")
-
-    def _decoder_layer(self, layer: impl_tf.DecoderLayer, i: dict[str, tf.Tensor]) -> np.ndarray:
-        """One decoder layer over T tokens from an empty cache of capacity T, with the given masks."""
-        y, c = i["y"], self.config
-        B, T = y.shape[0], y.shape[1]
-        empty = (tf.zeros([B, c.n_heads, T, c.d_k], y.dtype), tf.zeros([B, c.n_heads, T, c.d_v], y.dtype))
-        out, _ = layer.forward(y, empty, i["self_mask"], layer.cross_attn.project_kv(i["memory"]), i["memory_mask"], 0)
-        return out.numpy()
-
-    def save(self, path: Path) -> None:
-        impl_tf.save_weights(self.model, path)
-
-    def train(self, batches, train_config, record_after):
-        model = impl_tf.from_params(self.config, impl_tf.params_of(self.model))  # a copy: train_step updates it
-        return train_through_api(impl_tf, model, batches, train_config, record_after, lambda t: t.numpy())
+    def copy(self, impl, model):
+        return impl.from_params(model.config, impl.params_of(model))  # train_step updates it in place
 
 
 class TFBackend:
     name = "tf"
     module = impl_tf
 
-    def load(self, path: Path) -> TFModel:
-        return TFModel(impl_tf.load_weights(path))
+    def load(self, path: Path) -> ImplModel:
+        return ImplModel(impl_tf, impl_tf.load_weights(path), TFDialect())
 
     def describe(self) -> str:
         devices = ", ".join(d.device_type for d in tf.config.list_logical_devices()) or "none"

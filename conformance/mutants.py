@@ -1,7 +1,8 @@
 """Mutation test: proof that the conformance suite can fail.
 
-Each mutant replaces a function of ``spec.reference``, ``spec.search`` or
-``spec.training`` with a plausible bug: eleven break the paper's mathematics,
+Each mutant replaces a function or method of ``spec.reference`` (its ``layers``
+and ``model``), ``spec.search`` or ``spec.training`` with a plausible bug:
+eleven break the paper's mathematics,
 two only the numerics contract (they prove the tolerance policy is tight enough
 to see a backend that rounds where the contract says not to), five break
 decoding (the search, the length penalty, the KV cache's positions, the special
@@ -28,114 +29,154 @@ from pathlib import Path
 
 import numpy as np
 
-from spec import reference as ref
 from spec import search, training
 from spec.numerics import MASKED_SCORE
+from spec.reference import layers, model
+from spec.reference.numerics import linear
 
-_original = {name: getattr(ref, name) for name in (
-    "positional_encoding", "embed", "attention_scale", "scaled_dot_product_attention", "causal_mask",
-    "cross_attention", "sublayer_connection", "activation", "feed_forward", "layer_norm", "output_logits")}
+_ROOTS = {"layers": layers, "model": model, "search": search, "training": training}
+
+
+def _resolve(path: str):
+    """The object at a dotted ``path`` under ``_ROOTS``: a module, a class, a function or a method."""
+    root, *attrs = path.split(".")
+    obj = _ROOTS[root]
+    for attr in attrs:
+        obj = getattr(obj, attr)
+    return obj
+
+
+_original = {target: _resolve(target) for target in (
+    "layers.positional_encoding", "layers.Embedder.encode", "layers.Embedder.decode",
+    "layers.scaled_dot_product_attention", "layers.LayerNorm.__init__", "layers.EncoderLayer.__init__",
+    "layers.DecoderLayer.__init__", "search.length_penalty", "training.label_smoothed_cross_entropy",
+    "training.loss_gradient", "training.adam_update")}
 
 
 def _pe_sin_cos_swapped(length, d_model):
-    pe = _original["positional_encoding"](length, d_model)
+    pe = _original["layers.positional_encoding"](length, d_model)
     return pe[:, [i ^ 1 for i in range(d_model)]]  # even columns get cos, odd get sin
 
 
 def _pe_positions_from_one(length, d_model):
-    return _original["positional_encoding"](length + 1, d_model)[1:]
+    return _original["layers.positional_encoding"](length + 1, d_model)[1:]
 
 
-def _embed_unscaled(params, ids, c, nx, start=0):
-    pe = nx.acc(ref.positional_encoding(start + ids.shape[1], c.d_model)[start:])
-    return nx.act(params["embedding"][ids] + pe)
+def _embed_unscaled(self, ids, start=0):
+    pe = self.nx.acc(layers.positional_encoding(start + ids.shape[1], self.c.d_model)[start:])
+    return self.nx.act(self.table[ids] + pe)
 
 
-def _scale_by_d_k(d_k):
-    return 1.0 / d_k
+def _attention(q, k, v, mask, nx, scale, round_scores):
+    # layers.scaled_dot_product_attention with the mutants' two knobs
+    k, v = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (k, v))
+    scores = np.einsum("bthk,bshk->bhts", q, k)
+    scores = nx.acc((nx.act(scores) if round_scores else nx.acc(scores)) * nx.acc(scale))
+    scores = np.where(mask[:, None], scores, MASKED_SCORE)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = nx.act(nx.acc(e / e.sum(axis=-1, keepdims=True)))
+    return nx.act(np.einsum("bhts,bshc->bthc", probs, v))
 
 
-def _causal_hides_diagonal(q_start, n_q, n_k):
-    q_pos = np.arange(q_start, q_start + n_q)[:, None]
-    return (np.arange(n_k)[None, :] < q_pos)[None, None]
+def _scale_by_d_k(q, k, v, mask, nx):
+    return _attention(q, k, v, mask, nx, 1.0 / q.shape[-1], round_scores=False)
 
 
-def _cross_attention_from_decoder(params, prefix, y, memory_kv, memory_mask, nx):
-    k, v = ref.attention_kv(params, prefix, y, nx)
-    return ref.attend(params, prefix, y, k, v, np.ones((1, 1, 1, y.shape[1]), bool), nx)
+def _scores_rounded_to_bf16(q, k, v, mask, nx):
+    if nx.mode != "bfloat16":
+        return _original["layers.scaled_dot_product_attention"](q, k, v, mask, nx)
+    return _attention(q, k, v, mask, nx, 1.0 / np.sqrt(q.shape[-1]), round_scores=True)  # rule 4: stay fp32
 
 
-def _pre_ln_always(params, prefix, name, x, sublayer, c, nx, rec):
-    return _original["sublayer_connection"](params, prefix, name, x, sublayer, c.replace(norm_first=True), nx, rec)
+def _causal_hides_diagonal(start, n, length):
+    q_pos = np.arange(start, start + n)[:, None]
+    return (np.arange(length)[None, :] < q_pos)[None]
+
+
+class _AttendsToDecoder:
+    """A cross-attention whose keys and values come from the decoder's own positions, not the encoder output."""
+
+    def __init__(self, attn):
+        self.attn = attn
+
+    def project_kv(self, x):
+        return self.attn.project_kv(x)
+
+    def forward(self, x, kv, mask):
+        return self.attn.forward(x, self.attn.project_kv(x), np.ones((1, 1, x.shape[1]), bool))
+
+
+def _cross_attention_from_decoder(self, params, prefix, c, nx):
+    _original["layers.DecoderLayer.__init__"](self, params, prefix, c, nx)
+    self.cross_attn = _AttendsToDecoder(self.cross_attn)
+
+
+def _pre_ln_encoder_layer(self, params, prefix, c, nx):
+    _original["layers.EncoderLayer.__init__"](self, params, prefix, c.replace(norm_first=True), nx)
+
+
+def _pre_ln_decoder_layer(self, params, prefix, c, nx):
+    _original["layers.DecoderLayer.__init__"](self, params, prefix, c.replace(norm_first=True), nx)
 
 
 def _gelu(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
-def _ffn_without_b1(params, prefix, x, nx):
-    h = nx.act(x @ params[f"{prefix}.w_1"])
-    return nx.act(ref.activation(h) @ params[f"{prefix}.w_2"] + params[f"{prefix}.b_2"])
+def _ffn_gelu(self, x):
+    return linear(_gelu(linear(x, self.w_1, self.b_1, nx=self.nx)), self.w_2, self.b_2, nx=self.nx)
 
 
-def _layer_norm_eps_1e5(params, prefix, x, eps, nx):
-    return _original["layer_norm"](params, prefix, x, 1e-5, nx)
+def _ffn_without_b1(self, x):
+    return linear(np.maximum(linear(x, self.w_1, nx=self.nx), 0.0), self.w_2, self.b_2, nx=self.nx)
 
 
-def _untied_output(params, h, nx):
+def _layer_norm_eps_1e5(self, params, prefix, eps, nx):
+    _original["layers.LayerNorm.__init__"](self, params, prefix, 1e-5, nx)
+
+
+def _untied_output(self, x):
     rng = np.random.default_rng(0)  # an output matrix of the right shape and scale that is not the embedding
-    w = rng.uniform(-1, 1, params["embedding"].shape) * np.sqrt(3.0 / params["embedding"].shape[1])
-    return nx.acc(np.einsum("bnd,vd->bnv", h, w))
+    w = rng.uniform(-1, 1, self.table.shape) * np.sqrt(3.0 / self.table.shape[1])
+    return self.nx.acc(np.einsum("bnd,vd->bnv", x, w))
 
 
-def _scores_rounded_to_bf16(q, k, v, mask, nx):
-    if nx.mode != "bfloat16":
-        return _original["scaled_dot_product_attention"](q, k, v, mask, nx)
-    scores = nx.act(np.einsum("bthk,bshk->bhts", q, k))  # rule 4 says: stay fp32
-    scores = nx.acc(scores * nx.acc(ref.attention_scale(q.shape[-1])))
-    probs = nx.act(nx.acc(ref.softmax(np.where(mask, scores, MASKED_SCORE))))
-    return nx.act(np.einsum("bhts,bshc->bthc", probs, v))
-
-
-def _logits_rounded_to_bf16(params, h, nx):
-    return nx.act(_original["output_logits"](params, h, nx))  # rule 7 says: float32, never rounded
+def _logits_rounded_to_bf16(self, x):
+    return self.nx.act(_original["layers.Embedder.decode"](self, x))  # rule 7 says: float32, never rounded
 
 
 def _alpha_forced_to_0(length, alpha):
-    return _original_search["length_penalty"](length, 0.0)
+    return _original["search.length_penalty"](length, 0.0)
 
 
 def _length_penalty_without_eos(length, alpha):
-    return _original_search["length_penalty"](length - 1, alpha)  # |Y| must count EOS
+    return _original["search.length_penalty"](length - 1, alpha)  # |Y| must count EOS
 
 
 def _top_k_candidates(beam_size):
     return beam_size  # k candidates: when one ends at EOS, fewer than k stay alive
 
 
-def _incremental_positions_plus_1(params, ids, c, nx, start=0):
-    return _original["embed"](params, ids, c, nx, start + 1 if start > 0 else start)
+def _incremental_positions_plus_1(self, ids, start=0):
+    return _original["layers.Embedder.encode"](self, ids, start + 1 if start > 0 else start)
 
 
 def _may_emit_special(scores, c):
     return scores
 
 
-_original_search = {name: getattr(search, name) for name in ("length_penalty", "candidate_count", "forbid_special")}
-
-
-def _dropout_in_evaluation(params, ids, c, nx, start=0):
-    x = _original["embed"](params, ids, c, nx, start)
-    keep = np.random.default_rng(0).random(x.shape) >= c.dropout  # dropout belongs to training only
-    return nx.act(x * keep / (1.0 - c.dropout))
+def _dropout_in_evaluation(self, ids, start=0):
+    x, rate = _original["layers.Embedder.encode"](self, ids, start), self.c.dropout
+    keep = np.random.default_rng(0).random(x.shape) >= rate  # dropout belongs to training only
+    return self.nx.act(x * keep / (1.0 - rate))
 
 
 def _loss_without_label_smoothing(logits, tgt_out, c, label_smoothing):
-    return _original_training["label_smoothed_cross_entropy"](logits, tgt_out, c, 0.0)
+    return _original["training.label_smoothed_cross_entropy"](logits, tgt_out, c, 0.0)
 
 
 def _loss_gradient_without_label_smoothing(logits, tgt_out, c, label_smoothing):
-    return _original_training["loss_gradient"](logits, tgt_out, c, 0.0)
+    return _original["training.loss_gradient"](logits, tgt_out, c, 0.0)
 
 
 def _loss_counting_padding(logits, tgt_out, c, label_smoothing):
@@ -152,7 +193,7 @@ def _loss_gradient_counting_padding(logits, tgt_out, c, label_smoothing):
 
 
 def _adam_beta2_0999(params, grads, state, d_model, tc, *args, **kwargs):
-    return _original_training["adam_update"](params, grads, state, d_model, dataclasses.replace(tc, beta2=0.999),
+    return _original["training.adam_update"](params, grads, state, d_model, dataclasses.replace(tc, beta2=0.999),
                                              *args, **kwargs)
 
 
@@ -160,30 +201,29 @@ def _schedule_without_warmup(step, d_model, warmup_steps, scale=1.0):
     return scale * d_model ** -0.5 * step ** -0.5
 
 
-_original_training = {name: getattr(training, name) for name in (
-    "label_smoothed_cross_entropy", "loss_gradient", "adam_update", "learning_rate")}
-
-# name -> (target, replacement), or a tuple of them for a mutant that replaces several functions
+# name -> (target, replacement), or a tuple of them for a mutant that replaces several; a target is a dotted
+# path under _ROOTS, a module function or a class method, which the reference looks up at call time
 MUTANTS: dict[str, tuple] = {
-    "pe_sin_cos_swapped": ("positional_encoding", _pe_sin_cos_swapped),
-    "pe_positions_from_1": ("positional_encoding", _pe_positions_from_one),
-    "embedding_not_scaled_by_sqrt_d_model": ("embed", _embed_unscaled),
-    "scores_divided_by_d_k": ("attention_scale", _scale_by_d_k),
-    "causal_mask_hides_diagonal": ("causal_mask", _causal_hides_diagonal),
-    "cross_attention_kv_from_decoder": ("cross_attention", _cross_attention_from_decoder),
-    "pre_ln_instead_of_post_ln": ("sublayer_connection", _pre_ln_always),
-    "relu_replaced_by_gelu": ("activation", _gelu),
-    "ffn_bias_b1_dropped": ("feed_forward", _ffn_without_b1),
-    "layer_norm_eps_1e-5": ("layer_norm", _layer_norm_eps_1e5),
-    "output_projection_not_shared_embedding": ("output_logits", _untied_output),
-    "attention_scores_rounded_to_bf16": ("scaled_dot_product_attention", _scores_rounded_to_bf16),
-    "logits_rounded_to_bf16": ("output_logits", _logits_rounded_to_bf16),
+    "pe_sin_cos_swapped": ("layers.positional_encoding", _pe_sin_cos_swapped),
+    "pe_positions_from_1": ("layers.positional_encoding", _pe_positions_from_one),
+    "embedding_not_scaled_by_sqrt_d_model": ("layers.Embedder.encode", _embed_unscaled),
+    "scores_divided_by_d_k": ("layers.scaled_dot_product_attention", _scale_by_d_k),
+    "causal_mask_hides_diagonal": ("model.causal_mask", _causal_hides_diagonal),
+    "cross_attention_kv_from_decoder": ("layers.DecoderLayer.__init__", _cross_attention_from_decoder),
+    "pre_ln_instead_of_post_ln": (("layers.EncoderLayer.__init__", _pre_ln_encoder_layer),
+                                  ("layers.DecoderLayer.__init__", _pre_ln_decoder_layer)),
+    "relu_replaced_by_gelu": ("layers.FeedForward.forward", _ffn_gelu),
+    "ffn_bias_b1_dropped": ("layers.FeedForward.forward", _ffn_without_b1),
+    "layer_norm_eps_1e-5": ("layers.LayerNorm.__init__", _layer_norm_eps_1e5),
+    "output_projection_not_shared_embedding": ("layers.Embedder.decode", _untied_output),
+    "attention_scores_rounded_to_bf16": ("layers.scaled_dot_product_attention", _scores_rounded_to_bf16),
+    "logits_rounded_to_bf16": ("layers.Embedder.decode", _logits_rounded_to_bf16),
     "beam_alpha_forced_to_0": ("search.length_penalty", _alpha_forced_to_0),
     "beam_length_penalty_without_eos": ("search.length_penalty", _length_penalty_without_eos),
     "beam_top_k_not_2k_candidates": ("search.candidate_count", _top_k_candidates),
-    "incremental_decoding_positions_plus_1": ("embed", _incremental_positions_plus_1),
+    "incremental_decoding_positions_plus_1": ("layers.Embedder.encode", _incremental_positions_plus_1),
     "search_may_emit_pad_or_bos": ("search.forbid_special", _may_emit_special),
-    "dropout_left_on_in_evaluation": ("embed", _dropout_in_evaluation),
+    "dropout_left_on_in_evaluation": ("layers.Embedder.encode", _dropout_in_evaluation),
     "label_smoothing_off": (("training.label_smoothed_cross_entropy", _loss_without_label_smoothing),
                             ("training.loss_gradient", _loss_gradient_without_label_smoothing)),
     "padding_counted_in_loss": (("training.label_smoothed_cross_entropy", _loss_counting_padding),
@@ -194,15 +234,14 @@ MUTANTS: dict[str, tuple] = {
 
 
 def apply(name: str) -> None:
-    """Replace the reference function that mutant ``name`` targets, for this process."""
+    """Replace the function or method that mutant ``name`` targets, for this process."""
     if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; choose from {sorted(MUTANTS)}")
     patches = MUTANTS[name] if isinstance(MUTANTS[name][0], tuple) else (MUTANTS[name],)
     for target, fn in patches:
-        prefix, _, attr = target.rpartition(".")
-        module = {"": ref, "search": search, "training": training}[prefix]
-        _check_signature(name, getattr(module, attr), fn)
-        setattr(module, attr, fn)
+        owner, _, attr = target.rpartition(".")
+        _check_signature(name, _resolve(target), fn)
+        setattr(_resolve(owner), attr, fn)
 
 
 def _check_signature(name, original, mutant) -> None:

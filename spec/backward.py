@@ -58,7 +58,8 @@ def _accumulate(grads: Params, name: str, contribution: np.ndarray, nx: Numerics
 def embed(P: Params, grads: Params, ids: np.ndarray, c: Config, nx: Numerics = EXACT) -> tuple[np.ndarray, Back]:
     """``E[ids] * sqrt(D) + PE`` (section 3.4, 3.5), rounded once (rule 3): (B, L) -> (B, L, D)."""
     scale = nx.acc(np.sqrt(c.d_model))
-    x = nx.act(P["embedding"][ids] * scale + nx.acc(ref.positional_encoding(ids.shape[1], c.d_model)))  # (B, L, D)
+    pe = nx.acc(ref.layers.positional_encoding(ids.shape[1], c.d_model))      # (L, D)
+    x = nx.act(P["embedding"][ids] * scale + pe)                              # (B, L, D)
 
     def back(dx: np.ndarray) -> None:
         if nx.mode == "exact":  # scattered straight into the running sum: the float64 path's historical order

@@ -19,6 +19,7 @@ from spec import reference as ref
 from spec.config import Config
 from spec.golden_cases import GOLDEN_DIR, Writer, checked_part, config, faithful_stats, make_params, random_tokens
 from spec.numerics import Numerics, np_dtype
+from spec.recording import recording
 
 # ----------------------------------------------------------------- layer cases
 
@@ -105,9 +106,10 @@ def _forward_case(w: Writer, name: str, cfg: str, dtype: str, seed: int, src_len
     if causal_pair:  # two rows, same source and target prefix, different suffixes
         src[1], tgt_in[1, :T // 2] = src[0], tgt_in[0, :T // 2]
     P = ref.as_float64(params, c)
-    exact, faithful = {}, {}
-    ref.forward(P, src, tgt_in, c, Numerics("exact"), exact)
-    ref.forward(P, src, tgt_in, c, Numerics(c.dtype), faithful)
+    with recording() as exact:
+        ref.forward(P, src, tgt_in, c, Numerics("exact"))
+    with recording() as faithful:
+        ref.forward(P, src, tgt_in, c, Numerics(c.dtype))
     if incremental:
         exact = {"step_logits": exact["logits"]}
         faithful = {"step_logits": _incremental_logits(P, src, tgt_in, c, Numerics(c.dtype))}
@@ -125,8 +127,13 @@ def _forward_case(w: Writer, name: str, cfg: str, dtype: str, seed: int, src_len
 
 
 def _incremental_logits(P: ref.Params, src: np.ndarray, tgt_in: np.ndarray, c: Config, nx: Numerics) -> np.ndarray:
-    cache = ref.init_cache(P, ref.encode(P, src, c, nx), src, c, nx)
-    return np.concatenate([ref.decode(P, tgt_in[:, t:t + 1], cache, c, nx) for t in range(tgt_in.shape[1])], axis=1)
+    model = ref.Transformer(P, c, nx)
+    cache = model.init_cache(model.encode(src), src, tgt_in.shape[1])
+    steps = []
+    for t in range(tgt_in.shape[1]):
+        logits, cache = model.decode(tgt_in[:, t:t + 1], cache)
+        steps.append(logits)
+    return np.concatenate(steps, axis=1)
 
 
 # ----------------------------------------------------------------- all cases

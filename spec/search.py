@@ -118,12 +118,14 @@ def greedy_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, 
     limits = validate.generation_limits(src, c, max_new_tokens)
     B = src.shape[0]
     rows = _row_traces(trace, B)
-    cache = ref.init_cache(params, ref.encode(params, src, c, nx), src, c, nx)
+    model = ref.Transformer(params, c, nx)
+    cache = model.init_cache(model.encode(src), src, int(limits.max()))
     out = np.full((B, int(limits.max())), c.pad_id, np.int64)
     done = np.zeros(B, bool)
     tokens = np.full(B, c.bos_id, np.int64)
     for t in range(int(limits.max())):
-        logits = forbid_special(ref.decode(params, tokens[:, None], cache, c, nx)[:, 0], c)   # (B, V)
+        logits, cache = model.decode(tokens[:, None], cache)
+        logits = forbid_special(logits[:, 0], c)                           # (B, V)
         for b in np.flatnonzero(~done):
             _note_gap(rows[b], np.sort(logits[b])[::-1], 0)
         tokens = np.where(done, c.pad_id, np.argmax(logits, axis=-1))     # argmax: first of equal maxima
@@ -164,8 +166,9 @@ def beam_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, be
 def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: float, c: Config, nx: Numerics,
               trace: Trace) -> np.ndarray:
     """Beam search for one source (1, S) -> tokens (L,)."""
-    memory = np.repeat(ref.encode(params, src, c, nx), k, axis=0)            # (k, S, D)
-    cache = ref.init_cache(params, memory, np.repeat(src, k, axis=0), c, nx)
+    model = ref.Transformer(params, c, nx)
+    memory = np.repeat(model.encode(src), k, axis=0)                         # (k, S, D)
+    cache = model.init_cache(memory, np.repeat(src, k, axis=0), limit)
     alive_seq = np.zeros((k, 0), np.int64)
     alive_lp = np.array([0.0] + [-np.inf] * (k - 1))
     fin_seq = np.full((k, limit), c.pad_id, np.int64)
@@ -174,8 +177,8 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
     max_lp = nx.acc(length_penalty(limit, alpha))
     first_finished = None
     for t in range(1, limit + 1):
-        logits = ref.decode(params, tokens[:, None], cache, c, nx)[:, 0]     # (k, V)
-        logp = forbid_special(log_softmax(logits, nx), c)
+        logits, cache = model.decode(tokens[:, None], cache)                 # (k, 1, V)
+        logp = forbid_special(log_softmax(logits[:, 0], nx), c)
         cand = nx.acc(alive_lp[:, None] + logp).ravel()                       # (k * V,)
         order = _descending(cand)
         top = order[:candidate_count(k)]
@@ -189,7 +192,7 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         alive_score = np.where(is_eos, -np.inf, cand[top])
         alive = _descending(alive_score)[:k]
         alive_seq, alive_lp, tokens = seq[alive], alive_score[alive], tok[alive]
-        cache = cache.select(beam[alive])
+        cache = _select(cache, beam[alive])
 
         new_score = np.where(is_eos, nx.acc(cand[top] / lp_t), -np.inf)
         merged = np.concatenate([fin_score, new_score])
@@ -215,6 +218,13 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         return answer
     _note_gap(trace, alive_lp, 0)  # the best alive hypothesis is the answer
     return alive_seq[0]
+
+
+def _select(cache: ref.KVCache, rows: np.ndarray) -> ref.KVCache:
+    """The cache of batch rows ``rows`` (beam reordering)."""
+    take = lambda kv: (kv[0][rows], kv[1][rows])  # noqa: E731
+    return ref.KVCache([take(kv) for kv in cache.self_kv], cache.key_mask[rows],
+                       [take(kv) for kv in cache.memory_kv], cache.memory_mask[rows], cache.length)
 
 
 def _trace_beam_step(trace: dict, cand: np.ndarray, order: np.ndarray, k: int, c: Config, lp_t: float,

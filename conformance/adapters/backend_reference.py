@@ -1,7 +1,7 @@
 """The NumPy reference as a backend, in its contract-faithful mode (the config's dtype).
 
-It calls ``spec.reference`` and ``spec.search`` through their modules at call
-time, so the suite's mutants (``conformance.mutants``) reach it.
+Its model is a ``spec.reference.Transformer``, whose layers call the reference's functions and methods at call
+time, and it calls ``spec.search`` through the module, so the suite's mutants (``conformance.mutants``) reach it.
 """
 
 from __future__ import annotations
@@ -28,31 +28,33 @@ class ReferenceModel:
         self._params = params
         self._p = ref.as_float64(params, config)
         self._nx = Numerics(config.dtype)
+        self._model = ref.Transformer(self._p, config, self._nx)
 
     def _out(self, x: np.ndarray) -> np.ndarray:
         return x.astype(self._nx.act_dtype)
 
     def forward(self, src, tgt_in, intermediates=False):
-        rec = {} if intermediates else None
-        logits = ref.forward(self._p, np.asarray(src), np.asarray(tgt_in), self.config, self._nx, rec)
-        inter = {k: (v.astype(np.float32) if k == "logits" else self._out(v)) for k, v in (rec or {}).items()}
+        out = self._model.forward(np.asarray(src), np.asarray(tgt_in), intermediates)
+        logits, rec = out if intermediates else (out, {})
+        inter = {k: (v.astype(np.float32) if k == "logits" else self._out(v)) for k, v in rec.items()}
         return logits.astype(np.float32), inter
 
     def encode(self, src):
         validate.check_source(src, self.config)
-        return self._out(ref.encode(self._p, np.asarray(src), self.config, self._nx))
+        return self._out(self._model.encode(np.asarray(src)))
 
     def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
         validate.check_forward(src, tgt_in, self.config)
         src, tgt_in = np.asarray(src), np.asarray(tgt_in)
         capacity = tgt_in.shape[1] if capacity is None else capacity
         validate.check_capacity(capacity, self.config)
-        cache = ref.init_cache(self._p, ref.encode(self._p, src, self.config, self._nx), src, self.config, self._nx)
+        cache = self._model.init_cache(self._model.encode(src), src, capacity)
         steps, start = [], 0
         for n in chunks if chunks is not None else [1] * tgt_in.shape[1]:
             tokens = tgt_in[:, start:start + n]
             validate.check_decode(tokens, self.config, cache.key_mask.shape[0], cache.length, capacity)
-            steps.append(ref.decode(self._p, tokens, cache, self.config, self._nx))
+            logits, cache = self._model.decode(tokens, cache)
+            steps.append(logits)
             start += n
         return np.concatenate(steps, axis=1).astype(np.float32)
 

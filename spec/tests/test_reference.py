@@ -10,6 +10,8 @@ from spec import search
 from spec.config import TINY
 from spec.init import init_params
 from spec.numerics import BF16, Numerics
+from spec.recording import recording
+from spec.shapes import intermediates
 
 EXACT = Numerics("exact")
 
@@ -31,19 +33,20 @@ def test_multi_head_attention_is_the_papers_concat_of_heads(params):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
     rng = np.random.default_rng(0)
     xq, xkv = rng.standard_normal((2, 5, TINY.d_model)), rng.standard_normal((2, 7, TINY.d_model))
-    mask = np.ones((2, 1, 1, 7), bool)
-    mask[1, ..., 5:] = False
+    mask = np.ones((2, 1, 7), bool)
+    mask[1, :, 5:] = False
     p = "decoder.layers.0.cross_attn"
     wq, wk, wv, wo = (params[f"{p}.{n}"] for n in ("w_q", "w_k", "w_v", "w_o"))
     heads = []
     for h in range(TINY.n_heads):
         q, k, v = xq @ wq[:, h], xkv @ wk[:, h], xkv @ wv[:, h]                   # (B, T, K), (B, S, K), (B, S, C)
         s = q @ k.transpose(0, 2, 1) / np.sqrt(TINY.d_k)                           # (B, T, S)
-        s = np.where(mask[:, 0], s, -np.inf)
+        s = np.where(mask, s, -np.inf)
         a = np.exp(s - s.max(-1, keepdims=True))
         heads.append((a / a.sum(-1, keepdims=True)) @ v)                           # (B, T, C)
     expected = np.concatenate(heads, axis=-1) @ wo.reshape(TINY.n_heads * TINY.d_v, TINY.d_model)
-    got = ref.multi_head_attention(params, p, xq, xkv, mask, EXACT)
+    attn = ref.layers.MultiHeadAttention(params, p, EXACT)
+    got = attn.forward(xq, attn.project_kv(xkv), mask)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -55,16 +58,15 @@ def test_layer_norm_and_ffn_by_hand(params):
     np.testing.assert_allclose(ref.layer_norm(params, p, x, 1e-6, EXACT), expected, rtol=1e-12, atol=1e-12)
     f = "encoder.layers.0.ffn"
     h = np.maximum(0, x @ params[f"{f}.w_1"] + params[f"{f}.b_1"])
-    np.testing.assert_allclose(ref.feed_forward(params, f, x, EXACT), h @ params[f"{f}.w_2"] + params[f"{f}.b_2"],
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ref.layers.FeedForward(params, f, EXACT).forward(x),
+                               h @ params[f"{f}.w_2"] + params[f"{f}.b_2"], rtol=1e-12, atol=1e-12)
 
 
 def test_masks():
     src = np.array([[5, 6, 0], [7, 0, 0]])
-    assert ref.key_padding_mask(src, TINY).shape == (2, 1, 1, 3)
-    assert ref.key_padding_mask(src, TINY)[:, 0, 0].tolist() == [[True, True, False], [True, False, False]]
-    assert ref.causal_mask(0, 3, 3)[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
-    assert ref.causal_mask(2, 1, 3)[0, 0].tolist() == [[True, True, True]]  # a decode step sees every earlier key
+    assert ref.key_padding_mask(src, TINY.pad_id).tolist() == [[True, True, False], [True, False, False]]
+    assert ref.causal_mask(0, 3, 3)[0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert ref.causal_mask(2, 1, 3)[0].tolist() == [[True, True, True]]  # a decode step sees every earlier key
 
 
 def test_masked_keys_get_exactly_zero_weight():
@@ -93,8 +95,12 @@ def test_cached_decoding_equals_full_forward(params):
     for mode in ("exact", "bfloat16", "float32"):
         nx = Numerics(mode)
         full = ref.forward(params, src, tgt, TINY, nx)
-        cache = ref.init_cache(params, ref.encode(params, src, TINY, nx), src, TINY, nx)
-        steps = np.concatenate([ref.decode(params, tgt[:, t:t + 1], cache, TINY, nx) for t in range(5)], axis=1)
+        model = ref.Transformer(params, TINY, nx)
+        cache, steps = model.init_cache(model.encode(src), src, 5), []
+        for t in range(5):
+            logits, cache = model.decode(tgt[:, t:t + 1], cache)
+            steps.append(logits)
+        steps = np.concatenate(steps, axis=1)
         if mode == "exact":
             np.testing.assert_allclose(steps, full, rtol=0, atol=1e-13)
         else:
@@ -102,25 +108,27 @@ def test_cached_decoding_equals_full_forward(params):
 
 
 def test_faithful_rounding_points_hold_bf16_values(params):
-    rec, src, tgt = {}, np.array([[4, 5, 6]]), np.array([[1, 7]])
-    ref.forward(params, src, tgt, TINY, Numerics("bfloat16"), rec)
+    src, tgt = np.array([[4, 5, 6]]), np.array([[1, 7]])
+    with recording() as rec:
+        ref.forward(params, src, tgt, TINY, Numerics("bfloat16"))
+    assert list(rec) == list(intermediates(TINY, 1, 3, 2))
     for name, x in rec.items():
         if name != "logits":
             assert np.array_equal(x, x.astype(BF16).astype(np.float64)), f"{name} is not bf16-representable"
 
 
 def _constant_logits(logits_row):
-    """A stand-in for ref.decode that returns the same logits at every step."""
-    def decode(params, tokens, cache, c, nx, rec=None):
-        cache.key_mask = np.concatenate([cache.key_mask, tokens != c.pad_id], axis=1)
-        return np.broadcast_to(logits_row, (tokens.shape[0], 1, len(logits_row))).copy()
+    """A stand-in for Transformer.decode that returns the same logits at every step."""
+    def decode(self, tokens, cache):
+        cache.length += tokens.shape[1]
+        return np.broadcast_to(logits_row, (tokens.shape[0], 1, len(logits_row))).copy(), cache
     return decode
 
 
 def test_greedy_ties_break_toward_lower_id(params, monkeypatch):
     row = np.zeros(TINY.vocab_size)
     row[[9, 5, 7]] = 3.0  # an exact three-way tie
-    monkeypatch.setattr(ref, "decode", _constant_logits(row))
+    monkeypatch.setattr(ref.Transformer, "decode", _constant_logits(row))
     out = search.greedy_search(params, np.array([[4, 5]]), TINY, EXACT, max_new_tokens=3)
     assert out.tolist() == [[5, 5, 5]]
 
@@ -128,7 +136,7 @@ def test_greedy_ties_break_toward_lower_id(params, monkeypatch):
 def test_beam_ties_break_toward_lower_flat_index(params, monkeypatch):
     row = np.full(TINY.vocab_size, -5.0)
     row[[TINY.eos_id, 11, 8]] = [-50.0, 2.0, 2.0]  # EOS never competes: the answer is the best alive hypothesis
-    monkeypatch.setattr(ref, "decode", _constant_logits(row))
+    monkeypatch.setattr(ref.Transformer, "decode", _constant_logits(row))
     out = search.beam_search(params, np.array([[4, 5]]), TINY, EXACT, beam_size=2, alpha=0.6, max_new_tokens=2)
     assert out.tolist() == [[8, 8]]  # all four candidates tie at step 2; beam 0 (token 8) with token 8 comes first
 

@@ -1,0 +1,170 @@
+"""The Transformer's layers (Vaswani et al., 2017, section 3) in NumPy, exact or contract-faithful.
+
+Shape letters of ``spec.config``. Each layer holds float64 views of its canonical parameters (``as_float64``)
+and the ``Numerics`` that says where it rounds (``spec.reference.numerics``). Queries are laid out (B, L, H, K);
+keys and values heads-major (B, H, L, K), the KV cache's layout (``spec.api``). No dropout: the reference
+computes in evaluation mode. The mutation test (``conformance.mutants``) replaces these functions and methods
+one at a time, so every call goes through the module or the class.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spec.config import Config
+from spec.numerics import MASKED_SCORE, Numerics
+from spec.recording import record
+from spec.reference.numerics import linear, logits, matmul_f32
+
+Params = dict[str, np.ndarray]
+
+
+def positional_encoding(length: int, d_model: int) -> np.ndarray:
+    """Sinusoidal table (length, D), float64 (section 3.5), interleaved.
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``, positions from 0.
+    """
+    pos = np.arange(length, dtype=np.float64)[:, None]           # (L, 1)
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]  # (1, D/2)
+    angle = pos / 10000.0 ** (two_i / d_model)                   # (L, D/2)
+    pe = np.empty((length, d_model))
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle)
+    return pe
+
+
+class Embedder:
+    """The token embedding E (V, D), shared with the output projection (section 3.4)."""
+
+    def __init__(self, params: Params, c: Config, nx: Numerics):
+        self.table, self.c, self.nx = params["embedding"], c, nx
+
+    def encode(self, ids: np.ndarray, start: int = 0) -> np.ndarray:
+        """``E[ids] * sqrt(D) + PE[start:start+L]`` in fp32, rounded once (rule 3): (B, L) -> (B, L, D)."""
+        nx, D = self.nx, self.c.d_model
+        pe = nx.acc(positional_encoding(start + ids.shape[1], D)[start:])  # (L, D) in fp32
+        return nx.act(self.table[ids] * nx.acc(np.sqrt(D)) + pe)
+
+    def decode(self, x: np.ndarray) -> np.ndarray:
+        """Tied output projection x E^T: (B, n, D) -> (B, n, V) fp32 logits."""
+        return logits(x, self.table, nx=self.nx)
+
+
+def scaled_dot_product_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+                                 nx: Numerics) -> np.ndarray:
+    """softmax(Q K^T / sqrt(d_k)) V (equation 1, rule 4): q (B, L, H, K), k (B, H, M, K), v (B, H, M, C),
+    mask (B|1, 1|L, M) True = may attend -> (B, L, H, C)."""
+    # einsum sums in an order that follows the operands' memory layout: read k, v sequence-major.
+    k, v = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (k, v))      # (B, M, H, K|C)
+    scores = matmul_f32("bthk,bshk->bhts", q, k, nx=nx)                         # (B, H, L, M) fp32
+    scores = nx.acc(scores * nx.acc(1.0 / np.sqrt(q.shape[-1])))
+    scores = np.where(mask[:, None], scores, MASKED_SCORE)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))                     # max-subtracted softmax
+    probs = nx.act(nx.acc(e / e.sum(axis=-1, keepdims=True)))                   # rounded before P V
+    return nx.act(matmul_f32("bhts,bshc->bthc", probs, v, nx=nx))               # (B, L, H, C)
+
+
+class MultiHeadAttention:
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2)."""
+
+    def __init__(self, params: Params, prefix: str, nx: Numerics):
+        self.w_q, self.w_k, self.w_v, self.w_o = (params[f"{prefix}.{n}"] for n in ("w_q", "w_k", "w_v", "w_o"))
+        self.nx = nx
+
+    def project_kv(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of x (B, M, D): k (B, H, M, K), v (B, H, M, C)."""
+        k, v = linear(x, self.w_k, nx=self.nx), linear(x, self.w_v, nx=self.nx)  # (B, M, H, K|C)
+        return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+    def forward(self, x: np.ndarray, kv: tuple[np.ndarray, np.ndarray], mask: np.ndarray) -> np.ndarray:
+        """Queries from x (B, L, D) over the projected ``kv``, mask (B|1, 1|L, M) -> (B, L, D)."""
+        q = linear(x, self.w_q, nx=self.nx)                                      # (B, L, H, K)
+        return linear(scaled_dot_product_attention(q, *kv, mask, self.nx), self.w_o, nx=self.nx)
+
+
+class FeedForward:
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2): (B, L, D) -> (B, L, D)."""
+
+    def __init__(self, params: Params, prefix: str, nx: Numerics):
+        self.w_1, self.b_1, self.w_2, self.b_2 = (params[f"{prefix}.{n}"] for n in ("w_1", "b_1", "w_2", "b_2"))
+        self.nx = nx
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        h = linear(x, self.w_1, self.b_1, nx=self.nx)                            # (B, L, F)
+        return linear(np.maximum(h, 0.0), self.w_2, self.b_2, nx=self.nx)
+
+
+class LayerNorm:
+    """LayerNorm over D (Ba et al., 2016) with ``scale`` and ``bias``; statistics in fp32 or better (rule 6)."""
+
+    def __init__(self, params: Params, prefix: str, eps: float, nx: Numerics):
+        self.scale, self.bias, self.eps, self.nx = params[f"{prefix}.scale"], params[f"{prefix}.bias"], eps, nx
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        return self.nx.act((x - mu) / np.sqrt(var + self.eps) * self.scale + self.bias)
+
+
+class EncoderLayer:
+    """Self-attention then FFN, each with a residual connection and LayerNorm (sections 3.1, 5.4): (B, S, D) ->
+    (B, S, D). Post-LN (the paper): ``norm(x + sublayer(x))``; pre-LN (``config.norm_first``):
+    ``x + sublayer(norm(x))``. Records each sublayer's output as ``<name>`` and the residual line's as
+    ``<name>.residual``, relative to the layer (the stack scopes)."""
+
+    def __init__(self, params: Params, prefix: str, c: Config, nx: Numerics):
+        self.self_attn = MultiHeadAttention(params, f"{prefix}.self_attn", nx)
+        self.self_attn_norm = LayerNorm(params, f"{prefix}.self_attn_norm", c.layer_norm_eps, nx)
+        self.ffn = FeedForward(params, f"{prefix}.ffn", nx)
+        self.ffn_norm = LayerNorm(params, f"{prefix}.ffn_norm", c.layer_norm_eps, nx)
+        self.norm_first, self.nx = c.norm_first, nx
+
+    def forward(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """x (B, S, D), mask (B, 1, S) key padding mask."""
+        h = self.self_attn_norm.forward(x) if self.norm_first else x
+        h = record("self_attn", self.self_attn.forward(h, self.self_attn.project_kv(h), mask))
+        x = self.nx.act(x + h)
+        x = record("self_attn.residual", x if self.norm_first else self.self_attn_norm.forward(x))
+        h = record("ffn", self.ffn.forward(self.ffn_norm.forward(x) if self.norm_first else x))
+        x = self.nx.act(x + h)
+        return record("ffn.residual", x if self.norm_first else self.ffn_norm.forward(x))
+
+
+class DecoderLayer:
+    """Masked self-attention, cross-attention over the encoder output, FFN (section 3.1), each with its residual
+    line as ``EncoderLayer``'s: (B, n, D) -> (B, n, D)."""
+
+    def __init__(self, params: Params, prefix: str, c: Config, nx: Numerics):
+        self.self_attn = MultiHeadAttention(params, f"{prefix}.self_attn", nx)
+        self.self_attn_norm = LayerNorm(params, f"{prefix}.self_attn_norm", c.layer_norm_eps, nx)
+        self.cross_attn = MultiHeadAttention(params, f"{prefix}.cross_attn", nx)
+        self.cross_attn_norm = LayerNorm(params, f"{prefix}.cross_attn_norm", c.layer_norm_eps, nx)
+        self.ffn = FeedForward(params, f"{prefix}.ffn", nx)
+        self.ffn_norm = LayerNorm(params, f"{prefix}.ffn_norm", c.layer_norm_eps, nx)
+        self.norm_first, self.nx = c.norm_first, nx
+
+    def forward(self, y: np.ndarray, self_kv: tuple[np.ndarray, np.ndarray], self_mask: np.ndarray,
+                memory_kv: tuple[np.ndarray, np.ndarray], memory_mask: np.ndarray, start: int
+                ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """n new positions y (B, n, D) at start.. -> (y (B, n, D), self_kv).
+
+        self_kv: this layer's self-attention buffer k (B, H, P, K), v (B, H, P, C); the new positions' keys and
+        values are written into it at ``start`` and the t = start + n written ones attended over, with
+        self_mask (B, n, t). memory_kv: the cross-attention keys/values of the encoder output (B, H, S, K|C),
+        memory_mask (B, 1, S).
+        """
+        h = self.self_attn_norm.forward(y) if self.norm_first else y
+        k, v = self.self_attn.project_kv(h)                                     # (B, H, n, K), (B, H, n, C)
+        end = start + k.shape[2]
+        self_kv[0][:, :, start:end], self_kv[1][:, :, start:end] = k, v
+        h = record("self_attn", self.self_attn.forward(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]),
+                                                       self_mask))
+        y = self.nx.act(y + h)
+        y = record("self_attn.residual", y if self.norm_first else self.self_attn_norm.forward(y))
+        h = record("cross_attn", self.cross_attn.forward(self.cross_attn_norm.forward(y) if self.norm_first else y,
+                                                         memory_kv, memory_mask))
+        y = self.nx.act(y + h)
+        y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm.forward(y))
+        h = record("ffn", self.ffn.forward(self.ffn_norm.forward(y) if self.norm_first else y))
+        y = self.nx.act(y + h)
+        return record("ffn.residual", y if self.norm_first else self.ffn_norm.forward(y)), self_kv

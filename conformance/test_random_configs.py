@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import json
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -57,12 +57,20 @@ Params = dict[str, np.ndarray]
 
 
 def _private_copy(name: str):
-    """A fresh instance of a spec module. ``--mutant`` patches the shared ``spec.reference`` and
-    ``spec.search`` for the reference backend under test; the live oracle must stay the spec."""
-    found = importlib.util.find_spec(name)
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
+    """A fresh instance of a spec module, or of a package with its submodules. ``--mutant`` patches the shared
+    ``spec.reference`` (its ``layers`` and ``model``) and ``spec.search`` for the reference backend under test;
+    the live oracle must stay the spec."""
+    ours = [n for n in sys.modules if n == name or n.startswith(f"{name}.")]
+    shared = {n: sys.modules.pop(n) for n in ours}
+    try:
+        return importlib.import_module(name)
+    finally:
+        for n in [n for n in sys.modules if n == name or n.startswith(f"{name}.")]:
+            del sys.modules[n]
+        sys.modules.update(shared)
+        parent, _, child = name.rpartition(".")
+        if name in shared:  # the import bound the fresh copy on its parent package: bind the shared one again
+            setattr(sys.modules[parent], child, shared[name])
 
 
 ref = _private_copy("spec.reference")

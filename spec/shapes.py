@@ -69,7 +69,8 @@ def resolve(entry: Entry, c: Config, **dims: int) -> tuple[tuple[int, ...], str]
 
 
 def intermediates(c: Config, B: int, S: int, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor a full forward records (``spec.reference.forward`` inside ``spec.recording.recording()``): name -> (shape, dtype)."""
+    """Every tensor a full forward records (``spec.reference.forward`` inside ``spec.recording.recording()``):
+    name -> (shape, dtype)."""
     act, out = c.dtype, {}
     out["src_embed"] = ((B, S, c.d_model), act)
     for i in range(c.n_encoder_layers):

@@ -68,7 +68,8 @@ class Model(Protocol):
     config: Config
 
     def __call__(self, src: Any, tgt_in: Any, intermediates: bool = False) -> Any:
-        """The teacher-forced forward pass (section 3, figure 1).
+        """The teacher-forced forward pass (section 3, figure 1), without dropout (a backend may take an explicit
+        RNG as a keyword-only ``rng=`` for it; never a global one, never the module's mode).
 
         Args:
             src: (B, S) int token ids; tgt_in: (B, T) int, the targets shifted right (BOS first).
@@ -147,7 +148,7 @@ def params_of(model: Model) -> dict[str, np.ndarray]:
 
 
 def greedy_search(model: Model, src: Any, max_new_tokens: int | None = None) -> Any:
-    """Greedy decoding (``spec.search.greedy_search``), in evaluation mode whatever the model's mode.
+    """Greedy decoding (``spec.search.greedy_search``), without dropout.
 
     Args:
         src: (B, S) int; max_new_tokens: the most tokens per row, EOS included (default: the row's non-pad
@@ -162,8 +163,8 @@ def greedy_search(model: Model, src: Any, max_new_tokens: int | None = None) -> 
 
 def beam_search(model: Model, src: Any, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> Any:
-    """Beam search with the length penalty of Wu et al. (2016) (section 6.1, ``spec.search.beam_search``), in
-    evaluation mode whatever the model's mode.
+    """Beam search with the length penalty of Wu et al. (2016) (section 6.1, ``spec.search.beam_search``), without
+    dropout.
 
     Args:
         src: (B, S) int; beam_size: >= 1; alpha: the length penalty's exponent, >= 0; max_new_tokens: as
@@ -183,7 +184,7 @@ def init_train_state(model: Model, train_config: TrainConfig | None = None, seed
 
 def loss_and_gradients(model: Model, src: Any, tgt_in: Any, tgt_out: Any, label_smoothing: float = 0.1
                        ) -> tuple[Any, dict[str, Any]]:
-    """The label-smoothed cross entropy (section 5.4, ``spec.training``) and its gradients, in evaluation mode.
+    """The label-smoothed cross entropy (section 5.4, ``spec.training``) and its gradients, without dropout.
 
     Args:
         src: (B, S); tgt_in: (B, T); tgt_out: (B, T) int, the targets (pad positions not counted).
@@ -195,8 +196,8 @@ def loss_and_gradients(model: Model, src: Any, tgt_in: Any, tgt_out: Any, label_
 
 
 def train_step(model: Model, state: Any, src: Any, tgt_in: Any, tgt_out: Any) -> tuple[Any, Model, Any]:
-    """One Adam step in training mode (section 5.3; dropout at ``config.dropout`` from the state's RNG, never a
-    global one, section 5.4). Consumes model and state: go on with the returned ones (torch and TensorFlow update
+    """One Adam step (section 5.3) with dropout at ``config.dropout`` (section 5.4) drawn from the state's RNG, never
+    a global one. Consumes model and state: go on with the returned ones (torch and TensorFlow update
     them in place and return the same objects, JAX returns new ones).
 
     Returns:

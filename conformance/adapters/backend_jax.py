@@ -8,7 +8,6 @@ backend; a no-op on CPU). Those are the test harness's process-wide choices, not
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -19,12 +18,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import impl_jax  # noqa: E402
-from conformance.adapters.impl import ImplModel  # noqa: E402
+from conformance.adapters.impl import Dialect, ImplModel  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-class JaxDialect:
+class JaxDialect(Dialect):
     def __init__(self):
         self._jitted = {}
 
@@ -40,17 +39,8 @@ class JaxDialect:
     def heads_major(self, x):
         return x.swapaxes(1, 2)
 
-    def add(self, x, y):
-        return x + y
-
-    def attention_options(self, model):
-        return {}
-
     def concat(self, xs):
         return jnp.concatenate(xs, axis=1)
-
-    def evaluating(self):
-        return contextlib.nullcontext()
 
     def layers_of(self, model):
         return jax.tree.map(lambda p: p.astype(model.config.dtype), model)

@@ -6,7 +6,6 @@ Layers alone run eagerly on the model's own ``tf.Module``s. TF32 off (fp32 produ
 
 from __future__ import annotations
 
-import contextlib
 import platform
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import impl_tf
-from conformance.adapters.impl import ImplModel
+from conformance.adapters.impl import Dialect, ImplModel
 from impl_tf.layers import residual_add
 
 # fp32 products must be fp32 on GPUs too (spec.numerics rule 8); op determinism keeps runs repeatable.
@@ -22,7 +21,7 @@ tf.config.experimental.enable_tensor_float_32_execution(False)
 tf.config.experimental.enable_op_determinism()
 
 
-class TFDialect:
+class TFDialect(Dialect):
     def array(self, x):
         return x.numpy()
 
@@ -38,23 +37,8 @@ class TFDialect:
     def add(self, x, y):
         return residual_add(x, y)
 
-    def attention_options(self, model):
-        return {}
-
     def concat(self, xs):
         return tf.concat(xs, axis=1)
-
-    def evaluating(self):
-        return contextlib.nullcontext()
-
-    def layers_of(self, model):
-        return model
-
-    def run(self, key, fn, *args):
-        return fn(*args)
-
-    def copy(self, impl, model):
-        return impl.from_params(model.config, impl.params_of(model))  # train_step updates it in place
 
 
 class TFBackend:

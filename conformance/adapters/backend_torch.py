@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import impl_torch
-from conformance.adapters.impl import ImplModel
+from conformance.adapters.impl import Dialect, ImplModel
 
 NATIVE_BF16 = os.environ.get("AIAYN_TORCH_NATIVE_BF16", "0") == "1"
 
@@ -27,7 +27,7 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-class TorchDialect:
+class TorchDialect(Dialect):
     def array(self, x):
         return impl_torch.to_array(x)
 
@@ -40,17 +40,11 @@ class TorchDialect:
     def heads_major(self, x):
         return x.transpose(1, 2)
 
-    def add(self, x, y):
-        return x + y
-
     def attention_options(self, model):
         return {"fused": model.embedding.device.type == "cuda"}
 
     def concat(self, xs):
         return torch.cat(xs, dim=1)
-
-    def layers_of(self, model):
-        return model
 
     def evaluating(self):
         return torch.inference_mode()

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -21,41 +21,53 @@ from conformance.adapters.base import train_through_api
 from spec.config import Config
 
 
-class Dialect(Protocol):
-    """What one framework does its own way; every method is a line or two of that framework."""
+class Dialect:
+    """What one framework does its own way, each a line or two of that framework; the defaults here are what most
+    frameworks do, and a backend's dialect overrides the rest."""
 
     def array(self, x: Any) -> np.ndarray:
         """A framework array as NumPy (bf16 as ``ml_dtypes.bfloat16``)."""
+        raise NotImplementedError
 
     def tensor(self, a: np.ndarray, model: Any) -> Any:
         """A NumPy layer input (ids, masks, activations) as the framework's array, where ``model`` computes."""
+        raise NotImplementedError
 
     def zeros(self, like: Any, shape: tuple[int, ...]) -> Any:
         """Zeros of ``like``'s dtype and device."""
+        raise NotImplementedError
 
     def heads_major(self, x: Any) -> Any:
         """(B, S, H, K) -> (B, H, S, K)."""
-
-    def add(self, x: Any, y: Any) -> Any:
-        """The residual sum as the impl computes it (``spec.numerics`` rule 5: rounded to the activation dtype)."""
-
-    def attention_options(self, model: Any) -> dict[str, Any]:
-        """Keyword arguments of the impl's ``scaled_dot_product_attention`` for ``model``'s device."""
+        raise NotImplementedError
 
     def concat(self, xs: Sequence[Any]) -> Any:
         """Concatenation along axis 1."""
+        raise NotImplementedError
+
+    def add(self, x: Any, y: Any) -> Any:
+        """The residual sum as the impl computes it (``spec.numerics`` rule 5: rounded to the activation dtype)."""
+        return x + y
+
+    def attention_options(self, model: Any) -> dict[str, Any]:
+        """Keyword arguments of the impl's ``scaled_dot_product_attention`` for ``model``'s device."""
+        return {}
 
     def evaluating(self) -> contextlib.AbstractContextManager:
         """The context of an evaluation call through the API (torch: no autograd records)."""
+        return contextlib.nullcontext()
 
     def layers_of(self, model: Any) -> Any:
         """The model whose submodules ``run_layer`` calls (jax: its weights rounded to the compute dtype)."""
+        return model
 
     def run(self, key: tuple, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         """``fn(*args)`` as the framework runs a layer alone (jax: jitted, cached under ``key``)."""
+        return fn(*args)
 
     def copy(self, impl: ModuleType, model: Any) -> Any:
-        """A model with the same weights that training may consume."""
+        """A model with the same weights that training may consume (a copy, as ``train_step`` may update in place)."""
+        return impl.from_params(model.config, impl.params_of(model))
 
 
 def submodule(model: Any, prefix: str) -> Any:

@@ -1,6 +1,6 @@
 """Input checks every backend runs before any computation.
 
-Backends call these on host copies (``np.asarray``) of their inputs so the
+Backends call these on host copies (``host_ids``) of their inputs so the
 rules and the ``ValueError`` messages are identical everywhere. Token ids are
 small; the copy costs one transfer per call.
 """
@@ -13,6 +13,19 @@ import numbers
 import numpy as np
 
 from spec.config import Config
+
+
+def host_ids(name: str, ids: object) -> np.ndarray:
+    """Token ids given as a NumPy array or nested lists, as a NumPy array with their dtype kept (a framework's
+    tensor is brought to the host by its impl first), for the checks below.
+
+    Raises:
+        ValueError: naming ``name`` if nested sequences are ragged (rows of different lengths).
+    """
+    try:
+        return np.asarray(ids)
+    except ValueError:  # NumPy's "inhomogeneous shape": say it in the spec's words
+        raise ValueError(f"{name}: token ids must be a (batch, length) array, got rows of different lengths") from None
 
 
 def check_tokens(name: str, ids: np.ndarray, c: Config, *, max_len: int | None = None) -> None:

@@ -34,18 +34,19 @@ class ReferenceModel:
         return x.astype(self._nx.act_dtype)
 
     def forward(self, src, tgt_in, intermediates=False):
-        out = self._model.forward(np.asarray(src), np.asarray(tgt_in), intermediates)
+        out = self._model.forward(validate.host_ids("src", src), validate.host_ids("tgt_in", tgt_in), intermediates)
         logits, rec = out if intermediates else (out, {})
         inter = {k: (v.astype(np.float32) if k == "logits" else self._out(v)) for k, v in rec.items()}
         return logits.astype(np.float32), inter
 
     def encode(self, src):
+        src = validate.host_ids("src", src)
         validate.check_source(src, self.config)
-        return self._out(self._model.encode(np.asarray(src)))
+        return self._out(self._model.encode(src))
 
     def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
+        src, tgt_in = validate.host_ids("src", src), validate.host_ids("tgt_in", tgt_in)
         validate.check_forward(src, tgt_in, self.config)
-        src, tgt_in = np.asarray(src), np.asarray(tgt_in)
         capacity = tgt_in.shape[1] if capacity is None else capacity
         validate.check_capacity(capacity, self.config)
         cache = self._model.init_cache(self._model.encode(src), src, capacity)
@@ -59,10 +60,11 @@ class ReferenceModel:
         return np.concatenate(steps, axis=1).astype(np.float32)
 
     def greedy(self, src, max_new_tokens=None):
-        return search.greedy_search(self._p, np.asarray(src), self.config, self._nx, max_new_tokens)
+        return search.greedy_search(self._p, validate.host_ids("src", src), self.config, self._nx, max_new_tokens)
 
     def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
-        return search.beam_search(self._p, np.asarray(src), self.config, self._nx, beam_size, alpha, max_new_tokens)
+        return search.beam_search(self._p, validate.host_ids("src", src), self.config, self._nx, beam_size, alpha,
+                                  max_new_tokens)
 
     def run_layer(self, layer, prefix, inputs):
         out = ref.run_layer(layer, self._p, prefix, _float_inputs(inputs), self.config, self._nx)

@@ -259,7 +259,7 @@ def test_library_changes_no_global_state(tmp_path):
 # ----------------------------------------------------------------- learning
 
 def test_a_copy_task_is_learned():
-    """4 sequences to copy, 60 steps of mixed precision with dropout 0.1: measured 4.33 -> 1.57."""
+    """4 sequences to copy, 60 steps of mixed precision with dropout 0.1: measured 4.33 -> 1.38."""
     rng = np.random.default_rng(0)
     src = np.concatenate([rng.integers(3, 61, (4, 7)), np.full((4, 1), 2)], axis=1)     # (4, 8), EOS last
     tgt_in = np.concatenate([np.ones((4, 1), int), src[:, :-1]], axis=1)                # (4, 8), BOS first

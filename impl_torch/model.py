@@ -160,8 +160,8 @@ class Transformer(nn.Module):
         Raises:
             ValueError: from ``spec.validate.check_forward``.
         """
-        validate.check_forward(host_ids(src), host_ids(tgt_in), self.config)
-        src, tgt_in = device_ids(src, self.embedding.device), device_ids(tgt_in, self.embedding.device)
+        validate.check_forward(_host_ids(src), _host_ids(tgt_in), self.config)
+        src, tgt_in = _device_ids(src, self.embedding.device), _device_ids(tgt_in, self.embedding.device)
         # ``record`` is a no-op outside ``recording()``, so one code path serves both.
         with recording() if intermediates else contextlib.nullcontext() as rec:
             cache = _init_cache(self, _encode(self, src, rng), src, tgt_in.shape[1])
@@ -174,8 +174,8 @@ class Transformer(nn.Module):
         Raises:
             ValueError: from ``spec.validate.check_source``.
         """
-        validate.check_source(host_ids(src), self.config)
-        return _encode(self, device_ids(src, self.embedding.device))
+        validate.check_source(_host_ids(src), self.config)
+        return _encode(self, _device_ids(src, self.embedding.device))
 
     def init_cache(self, memory: Float[Tensor, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` target positions against ``memory`` (B, S, D) of ``src``.
@@ -183,9 +183,9 @@ class Transformer(nn.Module):
         Raises:
             ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]).
         """
-        validate.check_source(host_ids(src), self.config)
+        validate.check_source(_host_ids(src), self.config)
         validate.check_capacity(capacity, self.config)
-        return _init_cache(self, memory, device_ids(src, self.embedding.device), int(capacity))
+        return _init_cache(self, memory, _device_ids(src, self.embedding.device), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
         """Decoder stack (section 3.1) over n new tokens (B, n) at positions ``cache.length``.. ->
@@ -196,8 +196,8 @@ class Transformer(nn.Module):
                 no room in the cache for n more positions.
         """
         B, P = cache.key_mask.shape
-        validate.check_decode(host_ids(tokens), self.config, B, cache.length, P)
-        return _decode(self, device_ids(tokens, self.embedding.device), cache), cache
+        validate.check_decode(_host_ids(tokens), self.config, B, cache.length, P)
+        return _decode(self, _device_ids(tokens, self.embedding.device), cache), cache
 
 
 # ----------------------------------------------------------------- unchecked internals (validated ids)
@@ -230,6 +230,19 @@ def _decode(model: Transformer, tokens: Tensor, cache: KVCache, rng: torch.Gener
     return record("logits", model.embedder.decode(record("decoder.out", y)))
 
 
+def _host_ids(ids: Ids) -> np.ndarray:
+    """A NumPy host copy of token ids, for ``spec.validate`` (dtype kept, so a float array is reported)."""
+    if isinstance(ids, Tensor):
+        ids = ids.detach().cpu()
+        return (ids.float() if ids.dtype == torch.bfloat16 else ids).numpy()  # NumPy has no bf16
+    return np.asarray(ids)
+
+
+def _device_ids(ids: Ids, device: torch.device) -> Tensor:
+    """Validated token ids as an int64 tensor on ``device`` (NumPy arrays in any memory layout)."""
+    return torch.as_tensor(np.ascontiguousarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
+
+
 def to_tensor(a: np.ndarray) -> Tensor:
     """A NumPy array (bf16 as ``ml_dtypes.bfloat16``) as a CPU tensor with the same bits."""
     if a.dtype == ml_dtypes.bfloat16:
@@ -243,19 +256,6 @@ def to_array(t: Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
-
-
-def host_ids(ids: Ids) -> np.ndarray:
-    """A NumPy host copy of token ids, for ``spec.validate`` (dtype kept, so a float array is reported)."""
-    if isinstance(ids, Tensor):
-        ids = ids.detach().cpu()
-        return (ids.float() if ids.dtype == torch.bfloat16 else ids).numpy()  # NumPy has no bf16
-    return np.asarray(ids)
-
-
-def device_ids(ids: Ids, device: torch.device) -> Tensor:
-    """Validated token ids as an int64 tensor on ``device`` (NumPy arrays in any memory layout)."""
-    return torch.as_tensor(np.ascontiguousarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
 
 
 def _tied_once(model: Transformer, state: dict[str, Tensor], prefix: str, _: object) -> None:

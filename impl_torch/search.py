@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from impl_torch.model import Ids, Transformer, _decode, _encode, _init_cache, device_ids, host_ids
+from impl_torch.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache
 from spec import validate
 from spec.search import length_penalty
 
@@ -33,11 +34,15 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     Raises:
         ValueError: from ``spec.validate.check_source`` and ``spec.validate.generation_limits``.
     """
-    c, dev = model.config, model.embedding.device
-    host = host_ids(src)
-    validate.check_source(host, c)
-    limits = validate.generation_limits(host, c, max_new_tokens)
-    src, L = device_ids(src, dev), int(limits.max())
+    host = _host_ids(src)
+    validate.check_source(host, model.config)
+    limits = validate.generation_limits(host, model.config, max_new_tokens)
+    return _greedy(model, _device_ids(src, model.embedding.device), limits)
+
+
+def _greedy(model: Transformer, src: Tensor, limits: np.ndarray) -> Tensor:
+    """The loop of ``greedy_search``: validated src (B, S) int64, limits (B,) -> tokens (B, L) int64."""
+    c, dev, L = model.config, model.embedding.device, int(limits.max())
     cache = _init_cache(model, _encode(model, src), src, L)
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                   # never generated
     limit = torch.as_tensor(limits, device=dev)                                # (B,)
@@ -80,14 +85,17 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     Raises:
         ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
     """
-    c, V, dev = model.config, model.config.vocab_size, model.embedding.device
-    host = host_ids(src)
-    validate.check_source(host, c)
-    limits = validate.generation_limits(host, c, max_new_tokens)
+    host = _host_ids(src)
+    validate.check_source(host, model.config)
+    limits = validate.generation_limits(host, model.config, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
-    k, alpha = int(beam_size), float(alpha)
+    return _beam(model, _device_ids(src, model.embedding.device), limits, int(beam_size), float(alpha))
+
+
+def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: float) -> Tensor:
+    """The loop of ``beam_search``: validated src (B, S) int64, limits (B,), k beams -> tokens (B, L) int64."""
+    c, V, dev = model.config, model.config.vocab_size, model.embedding.device
     B, L = len(limits), int(limits.max())
-    src = device_ids(src, dev)
     memory = _encode(model, src).repeat_interleave(k, dim=0)                        # (B*k, S, D): encoded once
     cache = _init_cache(model, memory, src.repeat_interleave(k, dim=0), L)
     f32 = {"dtype": torch.float32, "device": dev}
@@ -105,7 +113,13 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
         logits = _decode(model, tokens[:, None], cache)[:, 0]                       # (B*k, V) fp32
         logp = torch.log_softmax(logits, dim=-1).index_fill(-1, special, -torch.inf)  # over all of V, then -inf
         cand = (s.alive_lp[..., None] + logp.view(B, k, V)).view(B, k * V)
-        top = _top(cand, 2 * k)                                                     # (B, 2k)
+        # The 2k best, ties to the lower flat index (a stable descending sort's first 2k) without sorting all
+        # k*V: every entry above the 2k-th largest value, the ties at it in index order, then those 2k sorted.
+        thr = cand.topk(2 * k, dim=-1).values[:, -1:]                               # (B, 1)
+        above, tie = cand > thr, cand == thr
+        take = above | (tie & (tie.cumsum(-1) <= 2 * k - above.sum(-1, keepdim=True)))  # (B, k*V): 2k per row
+        top = take.nonzero()[:, 1].view(B, 2 * k)                                   # (B, 2k) in index order
+        top = top.gather(1, cand.gather(1, top).sort(dim=-1, descending=True, stable=True).indices)
         beam, tok, score = top // V, top % V, cand.gather(1, top)
         seq = torch.cat([s.alive_seq.take_along_dim(beam[..., None], 1), tok[..., None]], dim=-1)  # (B, 2k, t)
         is_eos = tok == c.eos_id
@@ -140,22 +154,3 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
         out[b, :len(r)] = r
     return out
 
-
-def _top(x: Tensor, n: int) -> Tensor:
-    """x (B, N) -> (B, n) indices of the n largest per row, equal values in index order (``spec.search``): the
-    stable descending sort's first n, without sorting all of x.
-
-    ``topk`` finds the n-th largest value; every entry at least that large (n of them, more on ties) is kept in
-    index order and only those are sorted, stably. Rows with many ties at the threshold (-inf) sort everything.
-    """
-    keep = x >= x.topk(n, dim=-1).values[:, -1:]                           # (B, N): n or more per row
-    counts = keep.sum(dim=-1)                                               # (B,)
-    m = int(counts.max())
-    if m > 4 * n:
-        return x.sort(dim=-1, descending=True, stable=True).indices[:, :n]
-    rows, cols = keep.nonzero(as_tuple=True)                                # row-major: index order per row
-    pos = torch.arange(len(cols), device=x.device) - (counts.cumsum(0) - counts)[rows]
-    idx = torch.zeros(x.shape[0], m, dtype=torch.long, device=x.device)     # (B, m), padded after the kept
-    vals = torch.full((x.shape[0], m), -torch.inf, dtype=x.dtype, device=x.device)
-    idx[rows, pos], vals[rows, pos] = cols, x[rows, cols]
-    return idx.gather(1, vals.sort(dim=-1, descending=True, stable=True).indices[:, :n])  # pads sort last

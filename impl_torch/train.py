@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.adam import adam
 
-from impl_torch.model import Ids, Transformer, device_ids, host_ids, to_array, to_tensor
+from impl_torch.model import Ids, Transformer, _device_ids, _host_ids, to_array, to_tensor
 from spec import train_state_io as spec_io
 from spec import training, validate
 from spec.training import TrainConfig
@@ -73,12 +73,11 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
     Raises:
         ValueError: from ``spec.validate.check_train_batch``, before anything is computed.
     """
-    validate.check_train_batch(host_ids(src), host_ids(tgt_in), host_ids(tgt_out), model.config)
+    src, tgt_in, tgt_out = _batch(model, src, tgt_in, tgt_out)
     leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
     with torch.enable_grad():
         logits = torch.func.functional_call(model, leaves, (src, tgt_in), {"rng": rng})  # (B, T, V) float32
-        y = device_ids(tgt_out, model.embedding.device)                                  # (B, T)
-        loss = smoothed_loss(logits, y, label_smoothing, model.config.pad_id)             # () float32
+        loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)       # () float32
         grads = torch.autograd.grad(loss, list(leaves.values()))
     return loss.detach(), dict(zip(leaves, grads, strict=True))
 
@@ -95,7 +94,7 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
         ValueError: as ``loss_and_gradients``, or if ``state`` was built for another model (parameter names or
             shapes); before anything is computed.
     """
-    validate.check_train_batch(host_ids(src), host_ids(tgt_in), host_ids(tgt_out), model.config)
+    src, tgt_in, tgt_out = _batch(model, src, tgt_in, tgt_out)
     _check_state(model, state)
     loss, grads = loss_and_gradients(model, src, tgt_in, tgt_out, state.train_config.label_smoothing, rng=state.rng)
     adam_update(dict(model.named_parameters()), grads, state)
@@ -169,6 +168,14 @@ def adam_update(params: dict[str, nn.Parameter], grads: dict[str, Tensor], state
             step = (m / (1.0 - tc.beta1 ** t)) / ((v / (1.0 - tc.beta2 ** t)).sqrt() + tc.adam_eps)  # fp32
             p.copy_(p.float() - lr * step)                                               # rounded to bf16
     state.step = t
+
+
+def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[Tensor, Tensor, Tensor]:
+    """A training batch checked by ``spec.validate.check_train_batch`` on host copies, then as int64 tensors on
+    the model's device: src (B, S), tgt_in (B, T), tgt_out (B, T)."""
+    validate.check_train_batch(_host_ids(src), _host_ids(tgt_in), _host_ids(tgt_out), model.config)
+    dev = model.embedding.device
+    return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
 
 
 def _check_state(model: Transformer, state: TrainState) -> None:

@@ -45,11 +45,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.run
+from torch import Tensor
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.nn.parallel import DistributedDataParallel
 
 import impl_torch
-from impl_torch.model import device_ids, host_ids
+from impl_torch.model import _device_ids, _host_ids
 from impl_torch.numerics import numerics_scope
 from impl_torch.train import adam_update, smoothed_loss
 from spec import data_parallel, validate
@@ -84,11 +85,11 @@ class DataParallel:
                              f"{dist.get_world_size()} processes")
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.chief = self.rank == 0
-        device = _device()
+        device = _devices()
         self.model = impl_torch.Transformer(o.config, seed=o.seed, device=device)
         self.state = impl_torch.init_train_state(self.model, o.train_config, seed=o.seed)
-        if self.rank:
-            self.state.rng.manual_seed(worker_seed(o.seed, self.rank))
+        if self.rank:  # SeedSequence([seed, rank])'s first 32-bit word: a hash, no stream shared by construction
+            self.state.rng.manual_seed(int(np.random.SeedSequence([o.seed, self.rank]).generate_state(1)[0]))
         # The positional table, the only buffer, is a function of the config: synced at init (with the weights,
         # a check that every worker starts alike), never again before a forward.
         self.ddp = DistributedDataParallel(self.model, device_ids=[device] if device.type == "cuda" else None,
@@ -96,18 +97,17 @@ class DataParallel:
 
     def step(self, batch: Batch, keep_gradient: bool) -> tuple[float, dict[str, np.ndarray] | None]:
         """One Adam step on the global batch src (B, S), tgt_in (B, T), tgt_out (B, T) int64, this worker computing
-        on its ``shard`` (B/W rows) in training mode: -> (the global batch's loss before the update, {canonical
+        on its shard (B/W rows, ``_shards``) with dropout: -> (the global batch's loss before the update, {canonical
         name: float32 global gradient, the parameter's shape} if ``keep_gradient`` else None).
 
         Raises:
             ValueError: from ``spec.validate.check_train_batch`` on the global batch, before anything is computed.
         """
-        validate.check_train_batch(*(host_ids(ids) for ids in batch), self.model.config)
+        validate.check_train_batch(*(_host_ids(ids) for ids in batch), self.model.config)
         n = data_parallel.token_count(batch[2], self.model.config.pad_id)   # N: the global batch's targets
         # This worker's forward and backward through DDP on its shard: its share ``sum_local / N``; DDP leaves the
         # global gradient (the all-reduced average of the workers' ``W * share``) in each parameter's ``.grad``.
-        src, tgt_in, tgt_out = (device_ids(ids, self.model.embedding.device)
-                                for ids in data_parallel.shard(batch, self.rank, self.world))  # (B/W, S|T)
+        src, tgt_in, tgt_out = self._shards(batch)                           # (B/W, S|T)
         self.ddp.zero_grad(set_to_none=True)
         with torch.enable_grad():
             logits = self.ddp(src, tgt_in, rng=self.state.rng)                              # (B/W, T, V) float32
@@ -156,11 +156,12 @@ class DataParallel:
         """Returns once every worker has reached it."""
         dist.barrier()
 
-
-def worker_seed(seed: int, rank: int) -> int:
-    """The seed of worker ``rank``'s dropout generator: ``seed`` for worker 0 (``init_train_state``'s), else the
-    first 32-bit word of ``numpy.random.SeedSequence([seed, rank])``."""
-    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+    def _shards(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        """This worker's shard of the global batch (``spec.data_parallel.shard``, rows r*B/W..): src (B/W, S),
+        tgt_in and tgt_out (B/W, T) as int64 tensors on the model's device."""
+        src, tgt_in, tgt_out = data_parallel.shard(batch, self.rank, self.world)
+        dev = self.model.embedding.device
+        return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -178,19 +179,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     o = data_parallel.options(argv, f"python -m {MODULE}")
-    if o.data_parallel > 1 and not _under_torchrun():
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ  # launched by torchrun
+    if o.data_parallel > 1 and not torchrun:
         return _launch(o.data_parallel, argv)
-    with _process_group(o.data_parallel), numerics_scope():
+    with _process_group(o.data_parallel, torchrun), numerics_scope():
         return data_parallel.main(impl_torch, DataParallel, argv)
 
 
 # ----------------------------------------------------------------- internals
 
-def _under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
-
-
-def _device() -> torch.device:
+def _devices() -> torch.device:
     """This worker's device: ``cuda:<LOCAL_RANK>`` where CUDA is available, else the CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -212,21 +210,21 @@ def _launch(workers: int, argv: list[str]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _process_group(workers: int) -> Iterator[None]:
-    """torch.distributed's default process group for this run, destroyed after: torchrun's (``env://``) under it,
-    else a one-process group over an in-memory store; gloo on the CPU, nccl on CUDA.
+def _process_group(workers: int, torchrun: bool) -> Iterator[None]:
+    """torch.distributed's default process group for this run, destroyed after: with ``torchrun``, torchrun's
+    (``env://``), else a one-process group over an in-memory store; gloo on the CPU, nccl on CUDA.
 
     Raises:
         SystemExit: if torchrun's WORLD_SIZE is not ``workers``.
     """
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if _under_torchrun():
+    if torchrun:
         world = int(os.environ["WORLD_SIZE"])
         if world != workers:
             raise SystemExit(f"{MODULE}: --data-parallel {workers}, but torchrun started {world} processes "
                              f"(WORLD_SIZE); give torchrun --nproc-per-node {workers} (times its nodes)")
         if backend == "nccl":
-            torch.cuda.set_device(_device())
+            torch.cuda.set_device(_devices())
         dist.init_process_group(backend, timeout=TIMEOUT)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)

@@ -4,7 +4,6 @@ spec.training.adam_update, dropout, learning, the train-state file, bad input, a
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -260,16 +259,14 @@ def test_library_changes_no_global_state(tmp_path):
 # ----------------------------------------------------------------- learning
 
 def test_a_copy_task_is_learned():
-    """4 sequences to copy, 60 steps of mixed precision with dropout 0.1: measured 4.33 -> 1.57 in 0.5 s."""
+    """4 sequences to copy, 60 steps of mixed precision with dropout 0.1: measured 4.33 -> 1.38."""
     rng = np.random.default_rng(0)
     src = np.concatenate([rng.integers(3, 61, (4, 7)), np.full((4, 1), 2)], axis=1)     # (4, 8), EOS last
     tgt_in = np.concatenate([np.ones((4, 1), int), src[:, :-1]], axis=1)                # (4, 8), BOS first
     model = T.Transformer(MIXED, seed=0)
     state = T.init_train_state(model, training.TrainConfig(warmup_steps=20))
-    start = time.perf_counter()
     losses = [float(T.train_step(model, state, src, tgt_in, src)[0]) for _ in range(60)]
     assert losses[-1] < 0.5 * losses[0], losses
-    assert time.perf_counter() - start < 15
 
 
 # ----------------------------------------------------------------- the train-state file

@@ -119,7 +119,3 @@ def test_engine_needs_a_process_group():
     with pytest.raises(ValueError, match="process group"):
         train_dp.DataParallel(data_parallel.options(["--config", "tiny"], "test"))
 
-
-def test_workers_draw_distinct_dropout_streams():
-    assert train_dp.worker_seed(7, 0) == 7  # worker 0: init_train_state's generator, as train_step draws it
-    assert len({train_dp.worker_seed(s, r) for s in range(4) for r in range(4)}) == 16

@@ -20,12 +20,12 @@ is the common one of ``spec.api``::
 
 The PyTorch idioms: ``Transformer`` is an ``nn.Module``; ``device=`` (keyword) places a model built by
 ``Transformer``, ``from_params`` or ``load_weights`` (these two return it in evaluation mode); ``native_bf16=``
-(keyword, default False) runs CPU bf16 products as native bf16 GEMMs (``impl_torch.numerics``); ``decode``
-writes the cache in place and returns it. Dropout draws only from a ``torch.Generator`` passed explicitly
-(``forward``'s ``rng``; the train state's in ``train_step``), never from torch's global RNG, so a forward
-without one is evaluation whatever the module's mode. On CUDA, compute inside ``with impl_torch.numerics_scope():
-...`` (also named ``contract_numerics``), which turns off TF32 and bf16 partial reductions, process-wide flags
-the library never sets by itself.
+(keyword, default False) runs CPU bf16 products as native bf16 GEMMs (``impl_torch.numerics``); ``decode`` writes
+the cache's buffers in place and returns a new cache over them (the one passed in is refused after). Dropout draws
+only from a ``torch.Generator`` passed explicitly (``forward``'s ``rng``; the train state's in ``train_step``),
+never from torch's global RNG, so a forward without one is evaluation whatever the module's mode. On CUDA, compute
+inside ``with impl_torch.numerics_scope(): ...``, which turns off TF32 and bf16 partial reductions, process-wide
+flags the library never sets by itself.
 
 Training (section 5, ``spec.training``): ``state = init_train_state(model, train_config=None, seed=0)``;
 ``loss, model, state = train_step(model, state, src, tgt_in, tgt_out)`` updates both in place and returns them;
@@ -60,11 +60,10 @@ from impl_torch.train import (
 from impl_torch.weights import from_params, load_weights, params_of, save_weights
 
 __version__ = "0.2.0"
-contract_numerics = numerics_scope  # the name the README's CUDA example uses
 
 __all__ = [
     "Decoder", "DecoderLayer", "Embedder", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "TrainState", "Transformer", "__version__", "beam_search", "contract_numerics",
+    "MultiHeadAttention", "TrainState", "Transformer", "__version__", "beam_search",
     "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights", "loss_and_gradients",
     "numerics_scope", "params_of", "positional_encoding", "save_train_state", "save_weights",
     "scaled_dot_product_attention", "to_array", "to_tensor", "train_step",

@@ -37,7 +37,7 @@ class KVCache:
     (the capacity); key_mask (B, P) bool, True at a written non-pad position; memory_kv[l]: layer l's
     cross-attention (k (B, H, S, K), v (B, H, S, C)) of the encoder output, computed once; memory_mask (B, S)
     bool, True at a non-pad source position; ``length``: the positions written. ``Transformer.decode`` writes
-    the cache it is given in place and returns it.
+    the buffers in place and returns a new cache over them; the one it was given is consumed.
     """
 
     self_kv: list[tuple[Float[Tensor, "B H P K"], Float[Tensor, "B H P C"]]]
@@ -160,7 +160,7 @@ class Transformer(nn.Module):
         Raises:
             ValueError: from ``spec.validate.check_forward``.
         """
-        validate.check_forward(_host_ids(src), _host_ids(tgt_in), self.config)
+        validate.check_forward(_host_ids(src), _host_ids(tgt_in, "tgt_in"), self.config)
         src, tgt_in = _device_ids(src, self.embedding.device), _device_ids(tgt_in, self.embedding.device)
         # ``record`` is a no-op outside ``recording()``, so one code path serves both.
         with recording() if intermediates else contextlib.nullcontext() as rec:
@@ -188,16 +188,22 @@ class Transformer(nn.Module):
         return _init_cache(self, memory, _device_ids(src, self.embedding.device), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
-        """Decoder stack (section 3.1) over n new tokens (B, n) at positions ``cache.length``.. ->
-        (logits (B, n, V) float32, cache); ``cache`` is written in place and returned.
+        """The cache's buffers are written in place (no copy of the prefix per step); the returned ``KVCache`` is a
+        new object over them, and the one passed in is marked consumed.
 
         Raises:
-            ValueError: from ``spec.validate.check_decode``: bad ids, a batch that differs from the cache's, or
-                no room in the cache for n more positions.
+            ValueError: from ``spec.validate.check_decode``, or if ``cache`` was consumed by an earlier ``decode``
+                (its buffers hold positions it does not count: decoding from it again would be wrong).
         """
+        if vars(cache).get("consumed"):
+            raise ValueError("cache: consumed by an earlier decode, which wrote into its buffers; go on with the "
+                             "cache that decode returned")
         B, P = cache.key_mask.shape
-        validate.check_decode(_host_ids(tokens), self.config, B, cache.length, P)
-        return _decode(self, _device_ids(tokens, self.embedding.device), cache), cache
+        validate.check_decode(_host_ids(tokens, "tokens"), self.config, B, cache.length, P)
+        logits = _decode(self, _device_ids(tokens, self.embedding.device), cache)
+        after = dataclasses.replace(cache)           # the same buffers, a new owner
+        vars(cache)["consumed"] = True               # not a field: the cache's fields stay spec.api's
+        return logits, after
 
 
 # ----------------------------------------------------------------- unchecked internals (validated ids)
@@ -230,12 +236,13 @@ def _decode(model: Transformer, tokens: Tensor, cache: KVCache, rng: torch.Gener
     return record("logits", model.embedder.decode(record("decoder.out", y)))
 
 
-def _host_ids(ids: Ids) -> np.ndarray:
-    """A NumPy host copy of token ids, for ``spec.validate`` (dtype kept, so a float array is reported)."""
+def _host_ids(ids: Ids, name: str = "src") -> np.ndarray:
+    """A NumPy host copy of token ids, for ``spec.validate`` (dtype kept, so a float array is reported; ragged
+    nested lists refused in the spec's words, naming ``name``)."""
     if isinstance(ids, Tensor):
         ids = ids.detach().cpu()
         return (ids.float() if ids.dtype == torch.bfloat16 else ids).numpy()  # NumPy has no bf16
-    return np.asarray(ids)
+    return validate.host_ids(name, ids)
 
 
 def _device_ids(ids: Ids, device: torch.device) -> Tensor:

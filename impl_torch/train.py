@@ -173,7 +173,8 @@ def adam_update(params: dict[str, nn.Parameter], grads: dict[str, Tensor], state
 def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[Tensor, Tensor, Tensor]:
     """A training batch checked by ``spec.validate.check_train_batch`` on host copies, then as int64 tensors on
     the model's device: src (B, S), tgt_in (B, T), tgt_out (B, T)."""
-    validate.check_train_batch(_host_ids(src), _host_ids(tgt_in), _host_ids(tgt_out), model.config)
+    validate.check_train_batch(_host_ids(src), _host_ids(tgt_in, "tgt_in"), _host_ids(tgt_out, "tgt_out"),
+                               model.config)
     dev = model.embedding.device
     return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
 

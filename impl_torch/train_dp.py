@@ -103,7 +103,8 @@ class DataParallel:
         Raises:
             ValueError: from ``spec.validate.check_train_batch`` on the global batch, before anything is computed.
         """
-        validate.check_train_batch(*(_host_ids(ids) for ids in batch), self.model.config)
+        names = ("src", "tgt_in", "tgt_out")
+        validate.check_train_batch(*(_host_ids(ids, n) for ids, n in zip(batch, names, strict=True)), self.model.config)
         n = data_parallel.token_count(batch[2], self.model.config.pad_id)   # N: the global batch's targets
         # This worker's forward and backward through DDP on its shard: its share ``sum_local / N``; DDP leaves the
         # global gradient (the all-reduced average of the workers' ``W * share``) in each parameter's ``.grad``.

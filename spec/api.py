@@ -99,8 +99,9 @@ class Model(Protocol):
     def decode(self, tokens: Any, cache: KVCache) -> tuple[Any, KVCache]:
         """n new target tokens at positions ``cache.length`` .. ``cache.length + n - 1`` (decoder of section 3.1).
 
-        The cache passed in is consumed: go on with the returned one (torch writes the given cache in place and
-        returns it; JAX and TensorFlow return a new one).
+        The cache passed in is consumed: go on with the returned one (torch writes the cache's buffers in place,
+        returns a new cache over them and refuses the consumed one with a ``ValueError``; JAX and TensorFlow
+        return a new cache and leave the passed one as it was).
 
         Args:
             tokens: (B, n) int; cache: from ``init_cache`` or the previous ``decode``.

@@ -104,7 +104,8 @@ def test_cached_decoding_equals_full_forward(model, ids):
 
 
 def test_kv_cache_fields_and_layouts(ids, tiny):
-    """The fields of spec.api in its order and layouts; decode writes the given cache in place and returns it."""
+    """The fields of spec.api in its order and layouts; decode writes the cache's buffers in place and returns a
+    new cache over them."""
     m, c = tiny(), TINY
     B, S, P = 3, 5, 7
     src = ids(40, B, S)
@@ -121,9 +122,23 @@ def test_kv_cache_fields_and_layouts(ids, tiny):
     assert cache.length == 0 and cache.key_mask.shape[1] == P
     tokens = torch.tensor([[1, 5], [1, c.pad_id], [1, 9]])
     logits, returned = m.decode(tokens, cache)
-    assert returned is cache and cache.length == 2 and logits.shape == (B, 2, c.vocab_size)
-    torch.testing.assert_close(cache.key_mask[:, :2], tokens != c.pad_id, rtol=0, atol=0)
-    assert not cache.key_mask[:, 2:].any()
+    assert returned is not cache and returned.length == 2 and logits.shape == (B, 2, c.vocab_size)
+    assert returned.self_kv[0][0] is cache.self_kv[0][0]                       # the same buffers, written in place
+    torch.testing.assert_close(returned.key_mask[:, :2], tokens != c.pad_id, rtol=0, atol=0)
+    assert not returned.key_mask[:, 2:].any()
+
+
+def test_a_consumed_cache_is_refused(ids, tiny):
+    """decode writes the buffers in place, so decoding from the cache it was given again would read positions it
+    has already written: it raises instead of returning wrong logits (jax and tf return the same logits again)."""
+    m = tiny()
+    src = ids(41, 2, 5)
+    cache = m.init_cache(m.encode(src), src, capacity=4)
+    first, after = m.decode([[1], [1]], cache)
+    with pytest.raises(ValueError, match="cache: consumed by an earlier decode"):
+        m.decode([[1], [1]], cache)
+    again, _ = m.decode([[7], [7]], after)                                    # the returned cache goes on
+    assert again.shape == first.shape
 
 
 def test_cache_has_no_room_for_more(ids, tiny):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
@@ -20,13 +19,12 @@ from torch import Tensor, nn
 import spec
 from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm
 from spec import validate
+from spec.annotations import Bool, Float
 from spec.config import Config
 from spec.recording import record, recording, scope
 
 Ids = Tensor | np.ndarray | Sequence[Sequence[int]]  # token ids (B, L), any integer dtype
 
-if TYPE_CHECKING:  # shape hints for readers and type checkers (jaxtyping); nothing of it is imported at run time
-    from jaxtyping import Bool, Float
 
 
 @dataclasses.dataclass

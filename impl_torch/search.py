@@ -12,7 +12,7 @@ internals of ``impl_torch.model`` (``_encode``, ``_init_cache``, ``_decode``). B
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,10 +20,8 @@ from torch import Tensor
 
 from impl_torch.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache
 from spec import validate
+from spec.annotations import Int
 from spec.search import length_penalty
-
-if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
-    from jaxtyping import Int
 
 
 @torch.inference_mode()

@@ -43,3 +43,13 @@ def test_the_module_example_is_the_spec_api_example_and_runs(tmp_path, monkeypat
     assert namespace["logits"].shape == (1, 3, 61) and namespace["logits"].dtype == torch.float32
     assert namespace["tokens"].dtype == torch.int64 and namespace["step_logits"].shape == (1, 1, 61)
     assert namespace["cache"].length == 1 and (tmp_path / "model.safetensors").is_file()
+
+
+def test_type_hints_resolve_without_optional_extras():
+    """The shape annotations (``spec.annotations``) resolve at run time, with or without jaxtyping installed."""
+    import typing
+
+    for f in (impl_torch.greedy_search, impl_torch.beam_search, impl_torch.train_step, impl_torch.load_weights,
+              impl_torch.Transformer.forward, impl_torch.Transformer.encode, impl_torch.Transformer.init_cache,
+              impl_torch.Transformer.decode):
+        assert typing.get_type_hints(f)["return"] is not None, f

@@ -96,7 +96,7 @@ class DataParallel:
         with self.strategy.scope():  # variables made here are mirrored, one copy per device
             self.model = impl_tf.Transformer(o.config, seed=o.seed)
             self.state = impl_tf.init_train_state(self.model, o.train_config, seed=o.seed)
-        # Traced once per bucket and shape-polymorphic from the second (as impl_tf.train_step); ``_step``.
+        # ``_step`` as one tf.function: traced for the first bucket, shape-polymorphic from the second.
         self._program = tf.function(lambda *args: _step(self, *args), reduce_retracing=True)
 
     def step(self, batch: Batch, keep_gradient: bool) -> tuple[float, dict[str, np.ndarray] | None]:

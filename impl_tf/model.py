@@ -137,23 +137,23 @@ class Transformer(tf.Module):
 
         Token ids may be nested lists, NumPy arrays or tensors; runs padded to buckets (module docstring).
         """
-        src, tgt_in = np.asarray(src), np.asarray(tgt_in)
+        src, tgt_in = _host_ids(src), _host_ids(tgt_in)
         c = self.config
         validate.check_forward(src, tgt_in, c)
         (B, S), T = src.shape, tgt_in.shape[1]
         Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
-        ids = tf.constant(shapes.pad_ids(src, Bb, Sb, c.pad_id)), tf.constant(shapes.pad_ids(tgt_in, Bb, Tb, c.pad_id))
+        ids = _device_ids(src, Bb, Sb, c.pad_id), _device_ids(tgt_in, Bb, Tb, c.pad_id)
         if not intermediates:
-            return self._compiled("forward", lambda s, t: self._forward(s, t), [IDS, IDS], (Bb, Sb, Tb))(*ids)[:B, :T]
+            return _compiled(self, "forward", lambda s, t: _forward(self, s, t), [IDS, IDS], (Bb, Sb, Tb))(*ids)[:B, :T]
 
         def recorded(src: tf.Tensor, tgt_in: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
             # Records while tf.function traces this: the dict of symbolic tensors is part of the traced function's
             # output, so every later call returns their values.
             with recording() as rec:
-                logits = self._forward(src, tgt_in)
+                logits = _forward(self, src, tgt_in)
             return logits, rec
 
-        logits, rec = self._compiled("forward with intermediates", recorded, [IDS, IDS], (Bb, Sb, Tb))(*ids)
+        logits, rec = _compiled(self, "forward with intermediates", recorded, [IDS, IDS], (Bb, Sb, Tb))(*ids)
         want = shapes.intermediates(c, B, S, T)  # name -> ((B, S or T, ...), dtype)
         return logits[:B, :T], {name: x[:B, :want[name][0][1]] for name, x in rec.items()}
 
@@ -161,11 +161,11 @@ class Transformer(tf.Module):
 
     def encode(self, src) -> Float[tf.Tensor, "B S D"]:
         """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D); runs padded to buckets."""
-        src, c = np.asarray(src), self.config
+        src, c = _host_ids(src), self.config
         validate.check_source(src, c)
         (B, S), size = src.shape, (shapes.batch_bucket(src.shape[0]), shapes.length_bucket(src.shape[1], c.max_len))
-        encode = self._compiled("encode", lambda src: self._encode(src), [IDS], size)
-        return encode(tf.constant(shapes.pad_ids(src, *size, c.pad_id)))[:B, :S]
+        encode = _compiled(self, "encode", lambda src: _encode(self, src), [IDS], size)
+        return encode(_device_ids(src, *size, c.pad_id))[:B, :S]
 
     def init_cache(self, memory: Float[tf.Tensor, "B S D"], src, capacity: int) -> KVCache:
         """An empty ``KVCache`` for ``capacity`` target positions (P); the cross-attention K/V of memory (B, S, D)
@@ -174,13 +174,14 @@ class Transformer(tf.Module):
         Raises:
             ValueError: as ``spec.api``, or if memory is not (B, S, D) for src (B, S).
         """
-        src = np.asarray(src)
+        src = _host_ids(src)
         validate.check_source(src, self.config)
         validate.check_capacity(capacity, self.config)
         if tuple(memory.shape) != (*src.shape, self.config.d_model):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src shape {src.shape} "
                              f"and d_model {self.config.d_model}")
-        return self._init_cache(tf.convert_to_tensor(memory), tf.constant(src.astype(np.int32)), int(capacity))
+        return _init_cache(self, tf.convert_to_tensor(memory), _device_ids(src, *src.shape, self.config.pad_id),
+                           int(capacity))
 
     def decode(self, tokens, cache: KVCache) -> tuple[Float[tf.Tensor, "B n V"], KVCache]:
         """n new target tokens (B, n) int at positions ``cache.length``.. -> (logits (B, n, V) float32, cache).
@@ -188,7 +189,7 @@ class Transformer(tf.Module):
         The cache passed in is consumed: go on with the returned one. Projections and FFN run on the new tokens
         only; attention reads the cache (section 3.2.3).
         """
-        tokens = np.asarray(tokens)
+        tokens = _host_ids(tokens)
         B, capacity = cache.key_mask.shape
         validate.check_decode(tokens, self.config, B, int(cache.length), capacity)
         c, shape = self.config, (B, tokens.shape[1], capacity, cache.memory_mask.shape[1])
@@ -196,49 +197,65 @@ class Transformer(tf.Module):
                tf.TensorSpec([None, c.n_heads, None, c.d_v], self.embedder.dtype)),) * c.n_decoder_layers
         signature = KVCache(self_kv=kv, key_mask=tf.TensorSpec([None, None], tf.bool), memory_kv=kv,
                             memory_mask=tf.TensorSpec([None, None], tf.bool), length=tf.TensorSpec([], tf.int32))
-        decode = self._compiled("decode", lambda tokens, cache: self._decode(tokens, cache), [IDS, signature], shape)
-        return decode(tf.constant(tokens.astype(np.int32)), cache)
+        decode = _compiled(self, "decode", lambda tokens, cache: _decode(self, tokens, cache), [IDS, signature], shape)
+        return decode(_device_ids(tokens, *tokens.shape, c.pad_id), cache)
 
-    # ------------------------------------------------------------- traced computations and their programs
 
-    def _encode(self, src: tf.Tensor, rng=None) -> tf.Tensor:
-        """src (B, S) int32 -> memory (B, S, D): embedding (sections 3.4, 3.5) and encoder; ``rng`` as
-        ``layers.dropout``'s."""
-        x = record("src_embed", dropout(self.embedder.encode(src), self.config.dropout, rng))      # (B, S, D)
-        return self.encoder.forward(x, key_padding_mask(src, self.config.pad_id)[:, None, None, :], rng)
+# ----------------------------------------------------------------- traced computations and their programs
 
-    def _init_cache(self, memory: tf.Tensor, src: tf.Tensor, capacity: int | tf.Tensor) -> KVCache:
-        """An empty cache of ``capacity`` target positions for memory (B, S, D) of source src (B, S) int32."""
-        c, B = self.config, tf.shape(memory)[0]
-        zeros = lambda d: tf.zeros([B, c.n_heads, capacity, d], memory.dtype)  # noqa: E731
-        return KVCache(self_kv=tuple((zeros(c.d_k), zeros(c.d_v)) for _ in self.decoder.layers),
-                       key_mask=tf.zeros([B, capacity], tf.bool),
-                       memory_kv=tuple(layer.cross_attn.project_kv(memory) for layer in self.decoder.layers),
-                       memory_mask=key_padding_mask(src, c.pad_id), length=tf.constant(0, tf.int32))
+def _encode(model: Transformer, src: tf.Tensor, rng=None) -> tf.Tensor:
+    """src (B, S) int32 -> memory (B, S, D): embedding (sections 3.4, 3.5) and encoder; ``rng`` as
+    ``layers.dropout``'s."""
+    x = record("src_embed", dropout(model.embedder.encode(src), model.config.dropout, rng))      # (B, S, D)
+    return model.encoder.forward(x, key_padding_mask(src, model.config.pad_id)[:, None, None, :], rng)
 
-    def _decode(self, tokens: tf.Tensor, cache: KVCache, rng=None) -> tuple[tf.Tensor, KVCache]:
-        """tokens (B, n) int32 at positions ``cache.length...`` -> (logits (B, n, V) float32, the updated cache):
-        embedding, decoder, tied output projection; ``rng`` as ``layers.dropout``'s."""
-        key_mask = write_kv(cache.key_mask, key_padding_mask(tokens, self.config.pad_id), cache.length)  # (B, P)
-        y = record("tgt_embed", dropout(self.embedder.encode(tokens, cache.length), self.config.dropout, rng))
-        h, cache = self.decoder.forward(y, cache._replace(key_mask=key_mask), rng)                      # (B, n, D)
-        return record("logits", self.embedder.decode(h)), cache
 
-    def _forward(self, src: tf.Tensor, tgt_in: tf.Tensor, rng=None) -> tf.Tensor:
-        """src (B, S), tgt_in (B, T) int32 -> logits (B, T, V) float32: the decoder's one code path over an empty
-        cache of capacity T; ``rng`` as ``layers.dropout``'s."""
-        memory = self._encode(src, rng)                                                             # (B, S, D)
-        return self._decode(tgt_in, self._init_cache(memory, src, tf.shape(tgt_in)[1]), rng)[0]
+def _init_cache(model: Transformer, memory: tf.Tensor, src: tf.Tensor, capacity: int | tf.Tensor) -> KVCache:
+    """An empty cache of ``capacity`` target positions for memory (B, S, D) of source src (B, S) int32."""
+    c, B = model.config, tf.shape(memory)[0]
+    zeros = lambda d: tf.zeros([B, c.n_heads, capacity, d], memory.dtype)  # noqa: E731
+    return KVCache(self_kv=tuple((zeros(c.d_k), zeros(c.d_v)) for _ in model.decoder.layers),
+                   key_mask=tf.zeros([B, capacity], tf.bool),
+                   memory_kv=tuple(layer.cross_attn.project_kv(memory) for layer in model.decoder.layers),
+                   memory_mask=key_padding_mask(src, c.pad_id), length=tf.constant(0, tf.int32))
 
-    def _compiled(self, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]
-                  ) -> tf.types.experimental.PolymorphicFunction:
-        """The model's program ``name``: ``fn`` XLA-compiled at first use, traced once for ``signature``, or without
-        one a program per ``shape``. Logs ``shape``, the concrete shape about to be dispatched, the first time: XLA
-        compiles it then."""
-        key = name if signature is not None else f"{name} {shape}"
-        if key not in self.compiled:
-            self.compiled[key] = tf.function(fn, input_signature=signature, jit_compile=True)
-        if (name, shape) not in self._shapes:
-            self._shapes.add((name, shape))
-            logger.info("impl_tf: compiling %s for shape %s", name, shape)
-        return self.compiled[key]
+
+def _decode(model: Transformer, tokens: tf.Tensor, cache: KVCache, rng=None) -> tuple[tf.Tensor, KVCache]:
+    """tokens (B, n) int32 at positions ``cache.length...`` -> (logits (B, n, V) float32, the updated cache):
+    embedding, decoder, tied output projection; ``rng`` as ``layers.dropout``'s."""
+    key_mask = write_kv(cache.key_mask, key_padding_mask(tokens, model.config.pad_id), cache.length)  # (B, P)
+    y = record("tgt_embed", dropout(model.embedder.encode(tokens, cache.length), model.config.dropout, rng))
+    h, cache = model.decoder.forward(y, cache._replace(key_mask=key_mask), rng)                      # (B, n, D)
+    return record("logits", model.embedder.decode(h)), cache
+
+
+def _host_ids(ids) -> np.ndarray:
+    """Token ids (nested lists, NumPy arrays or eager tensors) as a NumPy host copy, for ``spec.validate``."""
+    return np.asarray(ids)
+
+
+def _device_ids(ids: np.ndarray, batch: int, length: int, pad_id: int) -> tf.Tensor:
+    """Validated ids (B, L) as an int32 tensor (batch, length), the added rows and positions ``pad_id``: the
+    buckets of the module docstring, or (B, L) itself where the caller's shape is kept."""
+    return tf.constant(shapes.pad_ids(ids, batch, length, pad_id))
+
+
+def _forward(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, rng=None) -> tf.Tensor:
+    """src (B, S), tgt_in (B, T) int32 -> logits (B, T, V) float32: the decoder's one code path over an empty
+    cache of capacity T; ``rng`` as ``layers.dropout``'s."""
+    memory = _encode(model, src, rng)                                                             # (B, S, D)
+    return _decode(model, tgt_in, _init_cache(model, memory, src, tf.shape(tgt_in)[1]), rng)[0]
+
+
+def _compiled(model: Transformer, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]
+              ) -> tf.types.experimental.PolymorphicFunction:
+    """The model's program ``name`` (its ``compiled`` field): ``fn`` XLA-compiled at first use, traced once for
+    ``signature``, or without one a program per ``shape``. Logs ``shape``, the concrete shape about to be
+    dispatched, the first time: XLA compiles it then."""
+    key = name if signature is not None else f"{name} {shape}"
+    if key not in model.compiled:
+        model.compiled[key] = tf.function(fn, input_signature=signature, jit_compile=True)
+    if (name, shape) not in model._shapes:
+        model._shapes.add((name, shape))
+        logger.info("impl_tf: compiling %s for shape %s", name, shape)
+    return model.compiled[key]

@@ -1,11 +1,11 @@
 """Greedy and beam search (section 6.1), batched, each a compiled ``tf.while_loop`` over the model's decoding step
-(``Transformer._decode``) and a preallocated KV cache.
+(``impl_tf.model._decode``) and a preallocated KV cache.
 
 Both follow ``spec.search`` step for step: start from ``bos_id``; at most ``limit_b`` tokens for sequence b
 (default its non-pad source length + 50, ``spec.validate.generation_limits``); stop a sequence at ``eos_id``;
 exact ties break toward the lower token id (beam search: the lower flat index ``beam * V + token``), which
 ``tf.math.top_k`` guarantees ("if two elements are equal, the lower-index element appears first"). Pad and BOS are
-never generated (``forbid_special``). Output tokens exclude BOS, include EOS, and rows are right-padded with
+never generated (``spec.search.forbid_special``). Output tokens exclude BOS, include EOS, and rows are right-padded with
 ``pad_id`` to the longest row.
 
 As in ``impl_tf.model``, the batch and source length are padded to buckets, and the cache capacity is the bucket of
@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.model import IDS, KVCache, Transformer
+from impl_tf.model import IDS, KVCache, Transformer, _compiled, _decode, _device_ids, _encode, _host_ids, _init_cache
 from spec import shapes, validate
+from spec.search import forbid_special
 
 if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
     from jaxtyping import Int
@@ -33,13 +34,33 @@ LIMITS = tf.TensorSpec([None], tf.int32)
 
 def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) -> Int[tf.Tensor, "B L"]:
     """Greedy decoding (section 6.1, ``spec.search``): -> tokens (B, L) int64, in evaluation mode (no dropout)."""
-    src, c = np.asarray(src), model.config
+    src, c = _host_ids(src), model.config
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     args, size = _padded(model, src, limits)
-    loop = model._compiled("greedy_search", functools.partial(_greedy, model), [IDS, LIMITS, IDS], size)
+    loop = _compiled(model, "greedy_search", functools.partial(_greedy, model), [IDS, LIMITS, IDS], size)
     out, steps = loop(*args)
     return tf.cast(out[:len(src), :int(steps)], tf.int64)
+
+
+def _greedy(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """src (B, S), limits (B,), out (B, P) pad-filled -> (out, steps taken)."""
+    c = model.config
+    B, P = tf.shape(out)[0], tf.shape(out)[1]
+    special = forbid_special(np.zeros(c.vocab_size), c) == NEG_INF           # (V,) True at pad and BOS
+    cache = _init_cache(model, _encode(model, src), src, P)
+
+    def step(t, tokens, done, out, cache):
+        logits, cache = _decode(model, tokens[:, None], cache)                   # (B, 1, V)
+        best = tf.math.top_k(tf.where(special, NEG_INF, logits[:, 0]), 1).indices[:, 0]  # lowest id of maxima
+        tokens = tf.where(done, c.pad_id, best)
+        out = tf.where(tf.range(P)[None, :] == t, tokens[:, None], out)          # out[:, t] = tokens
+        done = done | (tokens == c.eos_id) | (t + 1 >= limits)
+        return t + 1, tokens, done, out, cache
+
+    state = (tf.constant(0), tf.fill([B], c.bos_id), tf.zeros([B], tf.bool), out, cache)
+    t, _, _, out, _ = tf.while_loop(lambda t, _, done, *__: (t < P) & ~tf.reduce_all(done), step, state)
+    return out, t
 
 
 class BeamState(NamedTuple):
@@ -59,14 +80,14 @@ class BeamState(NamedTuple):
 def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> Int[tf.Tensor, "B L"]:
     """Beam search (``spec.search``; paper: beam 4, alpha 0.6): -> tokens (B, L) int64, in evaluation mode."""
-    src, c = np.asarray(src), model.config
+    src, c = _host_ids(src), model.config
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
     beam_size, alpha = int(beam_size), float(alpha)
     (padded_src, padded_limits, seq), size = _padded(model, src, limits)
-    loop = model._compiled(f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
-                           [IDS, LIMITS, tf.TensorSpec([], tf.float64), IDS], size)
+    loop = _compiled(model, f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
+                     [IDS, LIMITS, tf.TensorSpec([], tf.float64), IDS], size)
     fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(
         padded_src, padded_limits, tf.constant(alpha, tf.float64), seq))
     rows = []
@@ -81,27 +102,8 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     return tf.constant(out)
 
 
-def _greedy(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tensor) -> tuple[tf.Tensor, ...]:
-    """src (B, S), limits (B,), out (B, P) pad-filled -> (out, steps taken)."""
-    c = model.config
-    B, P = tf.shape(out)[0], tf.shape(out)[1]
-    cache = model._init_cache(model._encode(src), src, P)
-
-    def step(t, tokens, done, out, cache):
-        logits, cache = model._decode(tokens[:, None], cache)                    # (B, 1, V)
-        best = tf.math.top_k(forbid_special(logits[:, 0], c.pad_id, c.bos_id), 1).indices[:, 0]  # lowest id of maxima
-        tokens = tf.where(done, c.pad_id, best)
-        out = tf.where(tf.range(P)[None, :] == t, tokens[:, None], out)          # out[:, t] = tokens
-        done = done | (tokens == c.eos_id) | (t + 1 >= limits)
-        return t + 1, tokens, done, out, cache
-
-    state = (tf.constant(0), tf.fill([B], c.bos_id), tf.zeros([B], tf.bool), out, cache)
-    t, _, _, out, _ = tf.while_loop(lambda t, _, done, *__: (t < P) & ~tf.reduce_all(done), step, state)
-    return out, t
-
-
 def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tensor, seq: tf.Tensor, *, k: int
-               ) -> tuple[tf.Tensor, ...]:
+          ) -> tuple[tf.Tensor, ...]:
     """Beam search of width k for each source row; ``seq`` (B, P) pad-filled fixes the capacity. Returns finished
     sequences and scores (B, k, P), (B, k), the best alive sequence (B, P) and the steps each row ran (B,)."""
     c, V = model.config, model.config.vocab_size
@@ -109,7 +111,8 @@ def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tenso
     take = lambda kv, rows: tuple(tuple(tf.gather(x, rows) for x in pair) for pair in kv)  # noqa: E731
     # ((5 + |Y|) / 6) ** alpha (Wu et al., 2016) in float64, rounded to float32 as spec.search.length_penalty
     length_penalty = lambda n: tf.cast(((5.0 + tf.cast(n, tf.float64)) / 6.0) ** alpha, tf.float32)  # noqa: E731
-    cache = model._init_cache(model._encode(src), src, P)
+    special = forbid_special(np.zeros(V), c) == NEG_INF                     # (V,) True at pad and BOS
+    cache = _init_cache(model, _encode(model, src), src, P)
     rows = tf.repeat(tf.range(B), k)                                         # (B k): source b at b*k..b*k+k-1
     cache = cache._replace(self_kv=take(cache.self_kv, rows), key_mask=tf.gather(cache.key_mask, rows),
                            memory_kv=take(cache.memory_kv, rows), memory_mask=tf.gather(cache.memory_mask, rows))
@@ -121,9 +124,9 @@ def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tenso
         fin_seq=tf.tile(seq[:, None], [1, k, 1]), fin_score=tf.fill([B, k], NEG_INF), cache=cache)
 
     def step(s: BeamState) -> BeamState:
-        logits, cache = model._decode(s.tokens[:, None], s.cache)                             # (B k, 1, V)
+        logits, cache = _decode(model, s.tokens[:, None], s.cache)                            # (B k, 1, V)
         z = logits[:, 0] - tf.reduce_max(logits[:, 0], axis=-1, keepdims=True)               # log-softmax over V
-        logp = forbid_special(z - tf.math.log(tf.reduce_sum(tf.exp(z), axis=-1, keepdims=True)), c.pad_id, c.bos_id)
+        logp = tf.where(special, NEG_INF, z - tf.math.log(tf.reduce_sum(tf.exp(z), axis=-1, keepdims=True)))
         cand = s.alive_lp[:, :, None] + tf.reshape(logp, [B, k, V])                           # (B, k, V)
         cand, top = tf.math.top_k(tf.reshape(cand, [B, k * V]), 2 * k)                       # (B, 2k) lower index first
         beam, tok = top // V, top % V
@@ -162,11 +165,6 @@ def _padded(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[tu
             shapes.length_bucket(int(limits.max()), c.max_len))
     padded_limits = np.ones(size[0], np.int32)  # an added row stops after one token
     padded_limits[:len(limits)] = limits
-    return (tf.constant(shapes.pad_ids(src, *size[:2], c.pad_id)), tf.constant(padded_limits),
+    return (_device_ids(src, *size[:2], c.pad_id), tf.constant(padded_limits),
             tf.fill([size[0], size[2]], c.pad_id)), size
 
-
-def forbid_special(scores: tf.Tensor, pad_id: int, bos_id: int) -> tf.Tensor:
-    """scores (..., V) with ``pad_id`` and ``bos_id`` at -inf: never generated (``spec.search.forbid_special``)."""
-    special = tf.reduce_any(tf.range(tf.shape(scores)[-1])[:, None] == [pad_id, bos_id], axis=-1)  # (V,)
-    return tf.where(special, tf.constant(NEG_INF, scores.dtype), scores)

@@ -2,7 +2,7 @@
 
 The definitions are ``spec.training``'s, in TensorFlow's idiom:
 
-* The forward is the model's own (``Transformer._forward``: the numerics contract exactly as in evaluation), with
+* The forward is the model's own (``impl_tf.model._forward``: the numerics contract exactly as in evaluation), with
   ``layers.dropout`` masks drawn by stateless ops from a seed that the train state's ``tf.random.Generator`` gives
   each step; the loss is computed in fp32 from the float32 logits.
 * A ``tf.GradientTape`` differentiates with respect to the model's variables. Every parameter enters the computation
@@ -11,8 +11,8 @@ The definitions are ``spec.training``'s, in TensorFlow's idiom:
 * Adam is written out: Keras' ``Adam`` adds its epsilon to the uncorrected sqrt(v), ``spec.training`` to the
   corrected one. The moments are fp32 ``tf.Variable``s of the ``TrainState``, keyed by canonical name (so they save
   and load in every framework); the learning rate of equation 3 and the bias corrections are computed on the host
-  in float64 and rounded to fp32 (``adam_scalars``); each parameter is updated in fp32 and rounded once to
-  ``param_dtype``.
+  in float64 and rounded to fp32 (``adam_scalars``, ``adam_update``'s keyword ``scalars``); each parameter is
+  updated in fp32 and rounded once to ``param_dtype``.
 
 Both entry points are programs of the model (``Transformer.compiled``), the train step one XLA program with the
 gradients, Adam and the variable assignments inside, compiled once per shape bucket: as the forward does, the batch
@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.model import Transformer
+from impl_tf.model import Transformer, _compiled, _device_ids, _forward, _host_ids
 from spec import shapes, training, validate
 from spec import train_state_io as spec_io
 from spec.recording import recording
@@ -73,8 +73,8 @@ def loss_and_gradients(model: Transformer, src, tgt_in, tgt_out, label_smoothing
                        ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """Returns (loss, a () float32 tensor; {canonical name: float32 gradient} in ``spec.schema`` order)."""
     size, batch = _batch(model, src, tgt_in, tgt_out)
-    fn = lambda *args: _value_and_gradients(model, *args, None)  # noqa: E731
-    loss, grads = model._compiled("loss_and_gradients", fn, None, size)(
+    fn = lambda *args: _loss_and_gradients(model, *args)  # noqa: E731
+    loss, grads = _compiled(model, "loss_and_gradients", fn, None, size)(
         *batch, tf.constant(label_smoothing, tf.float32))
     return loss, dict(zip(model.params, grads, strict=True))
 
@@ -87,25 +87,9 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
     Raises:
         ValueError: as ``spec.api``, or if ``state`` was built for another model (parameter names or shapes).
     """
-    for k in ("m", "v"):
-        moments = getattr(state, k)
-        for i, (have, want) in enumerate(itertools.zip_longest(moments, model.params)):
-            if have != want:
-                raise ValueError(f"train state: {k}'s parameter {i} is {have!r}, the model's is {want!r}")
-            if moments[have].shape != model.params[want].shape:
-                raise ValueError(f"train state: {k}.{have} has shape {tuple(moments[have].shape)}, the parameter "
-                                 f"{tuple(model.params[want].shape)}")
-
-    def traced(src, tgt_in, tgt_out, seed, scalars, m, v) -> tf.Tensor:
-        # one step on padded ids: dropout from seed (2,) int64, each site its own count; Adam on the moments m, v
-        rng = (seed, itertools.count(1))
-        loss, grads = _value_and_gradients(model, src, tgt_in, tgt_out, scalars["label_smoothing"], rng)
-        adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None),
-                    scalars)
-        return loss
-
+    _check_state(model, state)
     size, batch = _batch(model, src, tgt_in, tgt_out)
-    step = model._compiled("train_step", traced, None, size)
+    step = _compiled(model, "train_step", lambda *args: _train_step(model, *args), None, size)
     loss = step(*batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
     state.step.assign_add(1)
     return loss, model, state
@@ -151,11 +135,16 @@ def smoothed_loss(logits: tf.Tensor, tgt_out: tf.Tensor, label_smoothing: tf.Ten
     return tf.reduce_sum(per_token * weight) / (tf.reduce_sum(weight) if count is None else count)  # () fp32
 
 
-def adam_update(params: dict[str, tf.Variable], grads: dict[str, tf.Tensor], state: TrainState,
+def adam_update(params: dict[str, tf.Variable], grads: dict[str, tf.Tensor], state: TrainState, *,
                 scalars: dict[str, tf.Tensor]) -> None:
     """``spec.training.adam_update`` (section 5.3) in place: each parameter of ``params`` with its fp32 gradient
-    ``grads[name]`` and moments ``state.m[name]``, ``state.v[name]`` (its shape), the step's fp32 ``scalars``
-    (``adam_scalars``); the moments in fp32, the parameter updated in fp32 and rounded once to its dtype."""
+    ``grads[name]`` and moments ``state.m[name]``, ``state.v[name]`` (its shape); the moments in fp32, the parameter
+    updated in fp32 and rounded once to its dtype.
+
+    ``scalars`` (keyword-only and required; the three common arguments keep their order): the step's learning rate,
+    bias corrections, betas and epsilon, ``adam_scalars(model, state)``: ``spec.training``'s float64 arithmetic on
+    the host, each rounded once to fp32, passed into the compiled step as tensors (one program whatever the step
+    and the train config)."""
     b1, b2 = scalars["beta1"], scalars["beta2"]
     for name, p in params.items():
         g, m, v = grads[name], state.m[name], state.v[name]
@@ -182,21 +171,44 @@ def adam_scalars(model: Transformer, state: TrainState) -> dict[str, tf.Tensor]:
 def _batch(model: Transformer, src, tgt_in, tgt_out) -> tuple[tuple[int, int, int], tuple[tf.Tensor, ...]]:
     """The spec's checks of a training batch on host copies, then (the buckets (Bb, Sb, Tb), the ids as int32
     padded to them with ``pad_id``: (Bb, Sb), (Bb, Tb), (Bb, Tb))."""
-    src, tgt_in, tgt_out = np.asarray(src), np.asarray(tgt_in), np.asarray(tgt_out)
+    src, tgt_in, tgt_out = _host_ids(src), _host_ids(tgt_in), _host_ids(tgt_out)
     c = model.config
     validate.check_train_batch(src, tgt_in, tgt_out, c)
     (B, S), T = src.shape, tgt_in.shape[1]
     Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
-    pad = lambda x, L: tf.constant(shapes.pad_ids(x, Bb, L, c.pad_id))  # noqa: E731
-    return (Bb, Sb, Tb), (pad(src, Sb), pad(tgt_in, Tb), pad(tgt_out, Tb))
+    return (Bb, Sb, Tb), (_device_ids(src, Bb, Sb, c.pad_id), _device_ids(tgt_in, Bb, Tb, c.pad_id),
+                          _device_ids(tgt_out, Bb, Tb, c.pad_id))
 
 
-def _value_and_gradients(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor,
-                         label_smoothing: tf.Tensor, rng) -> tuple[tf.Tensor, list[tf.Tensor]]:
+def _check_state(model: Transformer, state: TrainState) -> None:
+    """``state``'s moments must have the model's parameter names, in its order, and shapes."""
+    for k in ("m", "v"):
+        moments = getattr(state, k)
+        for i, (have, want) in enumerate(itertools.zip_longest(moments, model.params)):
+            if have != want:
+                raise ValueError(f"train state: {k}'s parameter {i} is {have!r}, the model's is {want!r}")
+            if moments[have].shape != model.params[want].shape:
+                raise ValueError(f"train state: {k}.{have} has shape {tuple(moments[have].shape)}, the parameter "
+                                 f"{tuple(model.params[want].shape)}")
+
+
+def _loss_and_gradients(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor,
+                        label_smoothing: tf.Tensor, rng=None) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """(loss () float32, fp32 gradients in schema order) of the model's forward, traced inside a tf.function; its
     records go to a dict of this trace's own. ``rng`` as ``layers.dropout``'s."""
     with tf.GradientTape() as tape, recording():
-        logits = model._forward(src, tgt_in, rng)                                        # (B, T, V) float32
+        logits = _forward(model, src, tgt_in, rng)                                       # (B, T, V) float32
         loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32
     # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
     return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, list(model.params.values()))]
+
+
+def _train_step(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
+                scalars: dict[str, tf.Tensor], m: dict[str, tf.Variable], v: dict[str, tf.Variable]) -> tf.Tensor:
+    """The compiled step on padded ids src (B, S), tgt_in, tgt_out (B, T) int32: dropout from ``seed`` (2,) int64,
+    each site its own count; Adam on the moments ``m``, ``v`` with the step's ``scalars``; -> loss () float32."""
+    loss, grads = _loss_and_gradients(model, src, tgt_in, tgt_out, scalars["label_smoothing"],
+                                      (seed, itertools.count(1)))
+    adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None),
+                scalars=scalars)
+    return loss

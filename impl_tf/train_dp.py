@@ -37,6 +37,7 @@ holds that state (its "rng"), so a resumed run draws the masks the uninterrupted
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -49,6 +50,7 @@ import tensorflow as tf
 
 import impl_tf
 from impl_tf import train
+from impl_tf.model import _forward
 from spec import data_parallel, weights_io
 from spec.data_parallel import Batch, Options
 from spec.recording import recording
@@ -74,7 +76,15 @@ class DataParallel:
     """
 
     def __init__(self, o: Options):
-        self.strategy = _strategy(o.data_parallel)
+        if "TF_CONFIG" in os.environ:
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        else:
+            devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+            if len(devices) < o.data_parallel:
+                raise ValueError(f"{MODULE}: --data-parallel {o.data_parallel} needs as many devices; TensorFlow has "
+                                 f"{len(devices)} ({devices[0].device_type}). {MODULE}.main splits a CPU into enough; "
+                                 f"elsewhere call tf.config.set_logical_device_configuration before TensorFlow starts")
+            self.strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:o.data_parallel]])
         resolver = getattr(self.strategy, "cluster_resolver", None)  # this process's TF_CONFIG task, if any
         self.options, self.world = o, self.strategy.num_replicas_in_sync
         self.rank = int(resolver.task_id or 0) if resolver is not None and resolver.task_type else 0
@@ -86,12 +96,8 @@ class DataParallel:
         with self.strategy.scope():  # variables made here are mirrored, one copy per device
             self.model = impl_tf.Transformer(o.config, seed=o.seed)
             self.state = impl_tf.init_train_state(self.model, o.train_config, seed=o.seed)
-        # Traced once per bucket and shape-polymorphic from the second (as impl_tf.train_step); the per-replica
-        # program is traced once per device with it (a MirroredStrategy retraces a function for each device it
-        # runs on), and XLA compiles each concrete shape of it. XLA because the layers' bf16 products are written
-        # for it (impl_tf.numerics), and it is faster (docs/decisions-tf.md).
-        self._step = tf.function(self._step_graph, reduce_retracing=True)
-        self._gradient = tf.function(self._replica_gradient, jit_compile=True, reduce_retracing=True)
+        # ``_step`` as one tf.function: traced for the first bucket, shape-polymorphic from the second.
+        self._program = tf.function(lambda *args: _step(self, *args), reduce_retracing=True)
 
     def step(self, batch: Batch, keep_gradient: bool) -> tuple[float, dict[str, np.ndarray] | None]:
         """One Adam step on the global batch src (B, S), tgt_in (B, T), tgt_out (B, T) int64, replica r computing on
@@ -105,7 +111,7 @@ class DataParallel:
         config = self.model.config
         shards = self._shards(batch)                                   # PerReplica (Bs, Sb), (Bs, Tb), (Bs, Tb)
         count = tf.constant(data_parallel.token_count(batch[2], config.pad_id), tf.float32)  # () N, exact in fp32
-        loss, grads = self._step(*shards, count, train.adam_scalars(self.model, self.state))
+        loss, grads = self._program(*shards, count, train.adam_scalars(self.model, self.state))
         self.state.step.assign_add(1)
         kept = None
         if keep_gradient:
@@ -175,41 +181,6 @@ class DataParallel:
 
         return self.strategy.experimental_distribute_values_from_function(replica_rows)
 
-    def _step_graph(self, src: Any, tgt_in: Any, tgt_out: Any, count: tf.Tensor, hyper: dict[str, tf.Tensor]
-                    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """The step in cross-replica context on per-replica ids (``_shards``), ``count`` () float32 the global
-        batch's non-pad targets and the fp32 scalars ``hyper`` (``impl_tf.train.adam_scalars``): per-replica shares and
-        gradients, their all-reduce, Adam on every copy; -> (the global loss () float32, the global gradients in
-        schema order, fp32, each its parameter's shape)."""
-        def replica(*args: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-            # in replica context: its dropout seed (2,) int64 from its own stream of the generator (module
-            # docstring), then its XLA program
-            return self._gradient(*args, self.state.rng.make_seeds(1)[:, 0], count, hyper["label_smoothing"])
-
-        shares, grads = self.strategy.run(replica, args=(src, tgt_in, tgt_out))
-        params = self.model.params
-        # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
-        grads = self.strategy.extended.batch_reduce_to(SUM, list(zip(grads, params.values(), strict=True)))
-        for (name, p), g in zip(params.items(), grads, strict=True):
-            # fn(p's copy on a device, that device's g, m, v): the same update on the same values in every replica
-            update = lambda p, g, m, v, s, n=name: train.adam_update(  # noqa: E731
-                {n: p}, {n: g}, train.TrainState(None, None, {n: m}, {n: v}, None), s)
-            self.strategy.extended.update(p, update, args=(g, self.state.m[name], self.state.v[name], hyper),
-                                          group=False)
-        loss = self.strategy.reduce(SUM, shares, axis=None)                      # () the sum of the shares
-        return loss, [self.strategy.experimental_local_results(g)[0] for g in grads]
-
-    def _replica_gradient(self, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
-                          count: tf.Tensor, label_smoothing: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """src (Bs, Sb), tgt_in (Bs, Tb), tgt_out (Bs, Tb) int32 -> (this replica's share ``sum_local / count``,
-        () float32; its fp32 gradient of each parameter in schema order), dropout from ``seed``."""
-        params = list(self.model.params.values())
-        with tf.GradientTape() as tape, recording():
-            logits = self.model._forward(src, tgt_in, (seed, itertools.count(1)))        # (Bs, Tb, V) float32
-            share = train.smoothed_loss(logits, tgt_out, label_smoothing, self.model.config.pad_id, count=count)
-        # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
-        return share, [tf.convert_to_tensor(g) for g in tape.gradient(share, params)]
-
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``python -m impl_tf.train_dp``: ``spec.data_parallel.main`` on ``DataParallel`` (its result).
@@ -226,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else list(argv)
     o = data_parallel.options(argv, f"python -m {MODULE}")
     if "TF_CONFIG" not in os.environ:
-        _cpu_devices(o.data_parallel)
+        _devices(o.data_parallel)
         if o.kill_at and o.kill_at[1] != 0:
             raise SystemExit(f"{MODULE}: --kill-at {o.kill_at[0]}:{o.kill_at[1]}: the rank is a process, and this "
                              f"run has one (its {o.data_parallel} devices are driven by one process); use rank 0")
@@ -236,24 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- internals
 
-def _strategy(n: int) -> tf.distribute.Strategy:
-    """``MultiWorkerMirroredStrategy`` if ``TF_CONFIG`` is set, else ``MirroredStrategy`` over the first ``n``
-    GPUs, or the first ``n`` logical CPU devices where TensorFlow sees no GPU.
-
-    Raises:
-        ValueError: if there are fewer than ``n`` such devices.
-    """
-    if "TF_CONFIG" in os.environ:
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-    if len(devices) < n:
-        raise ValueError(f"{MODULE}: --data-parallel {n} needs as many devices; TensorFlow has {len(devices)} "
-                         f"({devices[0].device_type}). {MODULE}.main splits a CPU into enough; elsewhere call "
-                         f"tf.config.set_logical_device_configuration before TensorFlow starts")
-    return tf.distribute.MirroredStrategy([d.name for d in devices[:n]])
-
-
-def _cpu_devices(n: int) -> None:
+def _devices(n: int) -> None:
     """Split the CPU into ``n`` logical devices before TensorFlow's runtime starts, where it sees no GPU and would
     have fewer.
 
@@ -273,6 +227,43 @@ def _cpu_devices(n: int) -> None:
             raise SystemExit(f"{MODULE}: --data-parallel {n}, but TensorFlow's runtime already started in this "
                              f"process with {have} CPU device(s); run the command in a process of its own, or call "
                              f"tf.config.set_logical_device_configuration before TensorFlow starts") from None
+
+
+
+def _step(dp: DataParallel, src: Any, tgt_in: Any, tgt_out: Any, count: tf.Tensor, scalars: dict[str, tf.Tensor]
+          ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """The step in cross-replica context on per-replica ids (``_shards``), ``count`` () float32 the global batch's
+    non-pad targets and the step's fp32 ``scalars`` (``impl_tf.train.adam_scalars``): per-replica shares and
+    gradients, their all-reduce, Adam on every copy; -> (the global loss () float32, the global gradients in schema
+    order, fp32, each its parameter's shape)."""
+    model, state, strategy = dp.model, dp.state, dp.strategy
+
+    # One XLA program per replica (a MirroredStrategy traces it once per device, XLA compiles each concrete shape):
+    # the layers' bf16 products are written for XLA (impl_tf.numerics), and it is faster (docs/decisions-tf.md).
+    @functools.partial(tf.function, jit_compile=True)
+    def gradient(src, tgt_in, tgt_out, seed, count, label_smoothing) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        # (Bs, Sb), (Bs, Tb), (Bs, Tb) int32 -> (this replica's share sum_local / count, its fp32 gradients)
+        with tf.GradientTape() as tape, recording():
+            logits = _forward(model, src, tgt_in, (seed, itertools.count(1)))              # (Bs, Tb, V) float32
+            share = train.smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id, count=count)
+        # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
+        return share, [tf.convert_to_tensor(g) for g in tape.gradient(share, list(model.params.values()))]
+
+    def replica(*ids: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        # in replica context: its dropout seed (2,) int64 from its own stream of the generator (module docstring)
+        return gradient(*ids, state.rng.make_seeds(1)[:, 0], count, scalars["label_smoothing"])
+
+    shares, grads = strategy.run(replica, args=(src, tgt_in, tgt_out))
+    params = model.params
+    # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
+    grads = strategy.extended.batch_reduce_to(SUM, list(zip(grads, params.values(), strict=True)))
+    for (name, p), g in zip(params.items(), grads, strict=True):
+        # fn(p's copy on a device, that device's g, m, v): the same update on the same values in every replica
+        update = lambda p, g, m, v, s, n=name: train.adam_update(  # noqa: E731
+            {n: p}, {n: g}, train.TrainState(None, None, {n: m}, {n: v}, None), scalars=s)
+        strategy.extended.update(p, update, args=(g, state.m[name], state.v[name], scalars), group=False)
+    loss = strategy.reduce(SUM, shares, axis=None)                                       # () the sum of the shares
+    return loss, [strategy.experimental_local_results(g)[0] for g in grads]
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from impl_tf.layers import DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout, write_kv
 from spec import shapes, validate
+from spec.annotations import Bool, Float, Int
 from spec.config import Config
 from spec.init import init_params
 from spec.recording import record, recording, scope
@@ -32,8 +33,6 @@ from spec.schema import param_specs
 IDS = tf.TensorSpec([None, None], tf.int32)
 logger = logging.getLogger("impl_tf")
 
-if TYPE_CHECKING:  # shape hints for readers and type checkers (jaxtyping); nothing of it is imported at run time
-    from jaxtyping import Bool, Float, Int
 
 
 class KVCache(NamedTuple):
@@ -137,7 +136,7 @@ class Transformer(tf.Module):
 
         Token ids may be nested lists, NumPy arrays or tensors; runs padded to buckets (module docstring).
         """
-        src, tgt_in = _host_ids(src), _host_ids(tgt_in)
+        src, tgt_in = _host_ids(src), _host_ids(tgt_in, "tgt_in")
         c = self.config
         validate.check_forward(src, tgt_in, c)
         (B, S), T = src.shape, tgt_in.shape[1]
@@ -189,7 +188,7 @@ class Transformer(tf.Module):
         The cache passed in is consumed: go on with the returned one. Projections and FFN run on the new tokens
         only; attention reads the cache (section 3.2.3).
         """
-        tokens = _host_ids(tokens)
+        tokens = _host_ids(tokens, "tokens")
         B, capacity = cache.key_mask.shape
         validate.check_decode(tokens, self.config, B, int(cache.length), capacity)
         c, shape = self.config, (B, tokens.shape[1], capacity, cache.memory_mask.shape[1])
@@ -229,9 +228,10 @@ def _decode(model: Transformer, tokens: tf.Tensor, cache: KVCache, rng=None) -> 
     return record("logits", model.embedder.decode(h)), cache
 
 
-def _host_ids(ids) -> np.ndarray:
-    """Token ids (nested lists, NumPy arrays or eager tensors) as a NumPy host copy, for ``spec.validate``."""
-    return np.asarray(ids)
+def _host_ids(ids, name: str = "src") -> np.ndarray:
+    """Token ids (nested lists, NumPy arrays or eager tensors) as a NumPy host copy, for ``spec.validate`` (ragged
+    nested lists refused in the spec's words, naming ``name``)."""
+    return validate.host_ids(name, ids)
 
 
 def _device_ids(ids: np.ndarray, batch: int, length: int, pad_id: int) -> tf.Tensor:

@@ -16,17 +16,15 @@ the longest generation limit, so varying shapes compile a bounded number of loop
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from impl_tf.model import IDS, KVCache, Transformer, _compiled, _decode, _device_ids, _encode, _host_ids, _init_cache
 from spec import shapes, validate
+from spec.annotations import Int
 from spec.search import forbid_special
-
-if TYPE_CHECKING:  # shape hints (jaxtyping), for readers and type checkers only
-    from jaxtyping import Int
 
 NEG_INF = float("-inf")
 LIMITS = tf.TensorSpec([None], tf.int32)

@@ -171,7 +171,7 @@ def adam_scalars(model: Transformer, state: TrainState) -> dict[str, tf.Tensor]:
 def _batch(model: Transformer, src, tgt_in, tgt_out) -> tuple[tuple[int, int, int], tuple[tf.Tensor, ...]]:
     """The spec's checks of a training batch on host copies, then (the buckets (Bb, Sb, Tb), the ids as int32
     padded to them with ``pad_id``: (Bb, Sb), (Bb, Tb), (Bb, Tb))."""
-    src, tgt_in, tgt_out = _host_ids(src), _host_ids(tgt_in), _host_ids(tgt_out)
+    src, tgt_in, tgt_out = _host_ids(src), _host_ids(tgt_in, "tgt_in"), _host_ids(tgt_out, "tgt_out")
     c = model.config
     validate.check_train_batch(src, tgt_in, tgt_out, c)
     (B, S), T = src.shape, tgt_in.shape[1]

@@ -35,3 +35,15 @@ def test_import_and_use_change_no_global_state():
             "print(before == flags(), logging.getLogger('impl_tf').handlers, logging.getLogger().handlers)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "True [] []"
+
+
+def test_type_hints_resolve_without_optional_extras():
+    """The shape annotations (``spec.annotations``) resolve at run time, with or without jaxtyping installed."""
+    import typing
+
+    import impl_tf
+
+    for f in (impl_tf.greedy_search, impl_tf.beam_search, impl_tf.train_step, impl_tf.load_weights,
+              impl_tf.Transformer.forward, impl_tf.Transformer.encode, impl_tf.Transformer.init_cache,
+              impl_tf.Transformer.decode):
+        typing.get_type_hints(f)

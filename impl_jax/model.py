@@ -151,8 +151,8 @@ class Transformer(Module):
         validate.check_forward(src_host, tgt_host, c)
         (B, S), T = src_host.shape, tgt_host.shape[1]
         Bb = shapes.batch_bucket(B)
-        src = _padded_ids(src, src_host, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
-        tgt_in = _padded_ids(tgt_in, tgt_host, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
+        src = _device_ids(src, src_host, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
+        tgt_in = _device_ids(tgt_in, tgt_host, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
         logits, rec = _forward(self, src, tgt_in, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
@@ -165,8 +165,8 @@ class Transformer(Module):
         host = _host_ids(src, c)
         validate.check_source(host, c)
         B, S = host.shape
-        return _encode(self, _padded_ids(src, host, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len),
-                                         c.pad_id))[:B, :S]
+        src = _device_ids(src, host, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
+        return _compiled(_encode, self, src)[:B, :S]
 
     def init_cache(self, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
         """An empty ``KVCache`` of exactly ``capacity`` positions (not bucketed) for ``memory`` (B, S, D) of
@@ -177,7 +177,8 @@ class Transformer(Module):
         validate.check_capacity(capacity, c)
         if tuple(memory.shape) != (*host.shape, c.d_model):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {host.shape} and d_model")
-        return _init_cache(self, memory, _padded_ids(src, host, *host.shape, c.pad_id), int(capacity))
+        src = _device_ids(src, host, *host.shape, c.pad_id)
+        return _compiled(_init_cache, self, memory, src, capacity=int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache);
@@ -186,12 +187,18 @@ class Transformer(Module):
         host = _host_ids(tokens, c)
         length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
         validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
-        return _decode(self, _padded_ids(tokens, host, *host.shape, c.pad_id), cache)
+        return _compiled(_decode, self, _device_ids(tokens, host, *host.shape, c.pad_id), cache)
 
 
-# ----------------------------------------------------------------- the programs and their traced bodies
+# ----------------------------------------------------------------- unchecked internals (validated, bucketed ids)
 
-def empty_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity: int) -> KVCache:
+def _encode(model: Transformer, src: jax.Array, rng: jax.Array | None = None) -> jax.Array:
+    """Traced, on the model's weights as they are: src (B, S) -> memory (B, S, D) (section 3.1)."""
+    return model.encoder(model.embedder.encode(src), key_padding_mask(src, model.config.pad_id)[:, None, None, :],
+                         rng)
+
+
+def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity: int) -> KVCache:
     """Traced, on the model's weights as they are: an empty ``KVCache`` of static ``capacity`` with the
     cross-attention K/V of ``memory`` (B, S, D). On the CPU a bf16 cache holds its keys and values in fp32 (the same
     values): XLA's CPU backend has no bf16 x bf16 -> fp32 batched dot and would convert the cache at every step."""
@@ -204,8 +211,8 @@ def empty_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity:
                    key_padding_mask(src, c.pad_id), jnp.zeros((), jnp.int32))
 
 
-def decode_step(model: Transformer, tokens: jax.Array, cache: KVCache, rng: jax.Array | None = None
-                ) -> tuple[jax.Array, KVCache]:
+def _decode(model: Transformer, tokens: jax.Array, cache: KVCache, rng: jax.Array | None = None
+            ) -> tuple[jax.Array, KVCache]:
     """Traced, on the model's weights as they are: tokens (B, n) at positions ``cache.length ..`` -> (logits
     (B, n, V) float32, the updated cache)."""
     c, start = model.config, cache.length
@@ -213,46 +220,6 @@ def decode_step(model: Transformer, tokens: jax.Array, cache: KVCache, rng: jax.
     h, cache = model.decoder(model.embedder.encode(tokens, start), cache._replace(key_mask=key_mask), rng)
     return record("logits", model.embedder.decode(h)), cache
 
-
-@functools.partial(numerics.jit, static_argnames=("intermediates",))
-def _forward(model: Transformer, src: jax.Array, tgt_in: jax.Array, intermediates: bool, rng: jax.Array | None):
-    c = model.config
-    log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
-             *src.shape, tgt_in.shape[1], ", with intermediates" if intermediates else "")
-    model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
-    encoder_rng, decoder_rng = [None] * 2 if rng is None else list(jax.random.split(rng, 2))
-    # Recording runs here, at trace time, into this trace's own dict: a caller's open ``recording`` never catches
-    # these tracers (which would leak, and only on the first trace).
-    with recording() as rec:
-        memory = model.encoder(model.embedder.encode(src), key_padding_mask(src, c.pad_id)[:, None, None, :],
-                               encoder_rng)                                          # (B, S, D)
-        cache = empty_cache(model, memory, src, tgt_in.shape[1])  # capacity T: one code path with decode
-        logits, _ = decode_step(model, tgt_in, cache, decoder_rng)                   # (B, T, V)
-    return logits, rec if intermediates else {}
-
-
-@numerics.jit
-def _encode(model: Transformer, src: jax.Array) -> jax.Array:
-    c = model.config
-    log.info("impl_jax: compiling encode for batch %d, source length %d (buckets)", *src.shape)
-    model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
-    return model.encoder(model.embedder.encode(src), key_padding_mask(src, c.pad_id)[:, None, None, :])
-
-
-@functools.partial(numerics.jit, static_argnames=("capacity",))
-def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity: int) -> KVCache:
-    log.info("impl_jax: compiling init_cache for batch %d, source length %d, capacity %d", *src.shape, capacity)
-    return empty_cache(jax.tree.map(lambda p: p.astype(model.config.dtype), model), memory, src, capacity)
-
-
-@numerics.jit
-def _decode(model: Transformer, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-    log.info("impl_jax: compiling decode for batch %d, %d new tokens, source length %d, capacity %d",
-             *tokens.shape, cache.memory_mask.shape[1], cache.key_mask.shape[1])
-    return decode_step(jax.tree.map(lambda p: p.astype(model.config.dtype), model), tokens, cache)
-
-
-# ----------------------------------------------------------------- token ids on the host
 
 def _host_ids(ids: Ids, config: Config) -> np.ndarray:
     """Token ids as NumPy for ``spec.validate``: a host copy of concrete ids; for a tracer (the caller's jit), a
@@ -263,7 +230,7 @@ def _host_ids(ids: Ids, config: Config) -> np.ndarray:
     return np.asarray(ids)
 
 
-def _padded_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int) -> jax.Array:
+def _device_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int) -> jax.Array:
     """Validated ids (B, L) as int32 (batch, length), the new rows and positions ``pad_id`` (concrete ids padded
     on the host: no XLA program per shape). Padding leaves every real result as it was (up to the order of fp32
     sums): padded source keys are masked, padded target positions come after the real ones (causal), added rows
@@ -272,3 +239,33 @@ def _padded_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int
         widths = ((0, batch - host.shape[0]), (0, length - host.shape[1]))
         return jnp.pad(ids.astype(jnp.int32), widths, constant_values=pad_id)
     return jnp.asarray(shapes.pad_ids(host, batch, length, pad_id))
+
+
+# ----------------------------------------------------------------- the compiled programs
+
+@functools.partial(numerics.jit, static_argnames=("intermediates",))
+def _forward(model: Transformer, src: jax.Array, tgt_in: jax.Array, intermediates: bool, rng: jax.Array | None):
+    """``Transformer.forward``'s program, on the weights rounded to ``config.dtype`` and held in fp32."""
+    c = model.config
+    log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
+             *src.shape, tgt_in.shape[1], ", with intermediates" if intermediates else "")
+    model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
+    encoder_rng, decoder_rng = [None] * 2 if rng is None else list(jax.random.split(rng, 2))
+    # Recording runs here, at trace time, into this trace's own dict: a caller's open ``recording`` never catches
+    # these tracers (which would leak, and only on the first trace).
+    with recording() as rec:
+        cache = _init_cache(model, _encode(model, src, encoder_rng), src, tgt_in.shape[1])  # capacity T
+        logits, _ = _decode(model, tgt_in, cache, decoder_rng)                                 # (B, T, V)
+    return logits, rec if intermediates else {}
+
+
+@functools.partial(numerics.jit, static_argnums=(0,), static_argnames=("capacity",))
+def _compiled(body: Any, model: Transformer, *args: Any, capacity: int | None = None) -> Any:
+    """The program of ``encode``, ``init_cache`` or ``decode``: ``body`` (``_encode``, ``_init_cache``,
+    ``_decode``) on ``args``, ``_encode`` on the weights rounded to ``config.dtype`` and held in fp32, the others on
+    the weights in ``config.dtype``."""
+    c = model.config
+    log.info("impl_jax: compiling %s for ids %s%s", body.__name__[1:], tuple(args[body is _init_cache].shape),
+             "" if capacity is None else f", capacity {capacity}")
+    convert = (lambda p: numerics.round_to(p, c.dtype)) if body is _encode else (lambda p: p.astype(c.dtype))
+    return body(jax.tree.map(convert, model), *args, *([] if capacity is None else [capacity]))

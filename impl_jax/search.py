@@ -1,5 +1,5 @@
 """Greedy and beam search with a preallocated KV cache (paper section 6.1), each one ``lax.while_loop`` over a
-decoding step (``impl_jax.model.decode_step``), in the style of Flax's WMT example.
+decoding step (``impl_jax.model._decode``), in the style of Flax's WMT example.
 
 Both follow ``spec.search`` step for step and return NumPy int64 tokens (``spec.api``: JAX holds int64 only under
 the process-wide ``jax_enable_x64`` flag, which a library must not set). There is no dropout: search always
@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from impl_jax import numerics
-from impl_jax.model import Ids, KVCache, Transformer, _padded_ids, decode_step, empty_cache, key_padding_mask, log
+from impl_jax.model import Ids, Transformer, _decode, _device_ids, _encode, _init_cache, log
 from spec import shapes, validate
 
 F32 = jnp.float32
@@ -35,9 +35,37 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     c, host = model.config, np.asarray(src)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
-    src, limits, capacity = _bucketed(model, host, limits)
+    src, limits, capacity = _padded(model, host, limits)
     out, steps = _greedy(model, src, limits, capacity)
     return np.asarray(out)[:host.shape[0], :int(steps)].astype(np.int64)
+
+
+@functools.partial(numerics.jit, static_argnames=("capacity",))
+def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, capacity: int):
+    """The loop of ``greedy_search``: src (B, S), limits (B,) on the buckets -> (tokens (B, P), steps ())."""
+    c, B = model.config, src.shape[0]
+    log.info("impl_jax: compiling greedy_search for batch %d, source length %d (buckets); capacity %d",
+             *src.shape, capacity)
+    model = jax.tree.map(lambda p: p.astype(c.dtype), model)
+    special = jnp.asarray([c.pad_id, c.bos_id])                                   # never generated
+
+    def step(state):
+        t, tokens, out, done, cache = state
+        logits, cache = _decode(model, tokens[:, None], cache)                    # (B, 1, V)
+        best = jnp.argmax(logits[:, 0].at[..., special].set(-jnp.inf), axis=-1)   # the first of equal maxima
+        tokens = jnp.where(done, c.pad_id, best)
+        done = done | (tokens == c.eos_id) | (t + 1 >= limits)
+        return t + 1, tokens, out.at[:, t].set(tokens), done, cache
+
+    def running(state):
+        t, _, _, done, _ = state
+        return (t < capacity) & ~done.all()
+
+    state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32),
+             jnp.full((B, capacity), c.pad_id, jnp.int32), jnp.zeros((B,), bool),
+             _init_cache(model, _encode(model, src), src, capacity))
+    steps, _, out, _, _ = lax.while_loop(running, step, state)
+    return out, steps
 
 
 class BeamState(NamedTuple):
@@ -59,7 +87,7 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
-    src, limits, capacity = _bucketed(model, host, limits)
+    src, limits, capacity = _padded(model, host, limits)
     # lp(t) = ((5 + t) / 6) ** alpha for t = 0..P (Wu et al., 2016), in float64 rounded to fp32
     lp = (((5.0 + np.arange(capacity + 1)) / 6.0) ** float(alpha)).astype(np.float32)
     best, length = _beam(model, src, limits, jnp.asarray(lp), capacity, int(beam_size))
@@ -67,54 +95,10 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     return np.asarray(best)[:B, :int(np.asarray(length)[:B].max())].astype(np.int64)
 
 
-# ----------------------------------------------------------------- the programs
-
-def _bucketed(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[jax.Array, jax.Array, int]:
-    """The validated source (B, S) and its limits (B,) on the shape buckets, and the cache capacity: added rows
-    get limit 1 (they stop after one step); the capacity, the bucket of the longest limit, holds every sequence."""
-    c, (B, S) = model.config, src.shape
-    Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(int(limits.max()), c.max_len)
-    return (_padded_ids(src, src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
-            jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)
-
-
-def _prefill(model: Transformer, src: jax.Array, capacity: int, repeat: int = 1) -> KVCache:
-    """Encode ``src`` (B, S) and build an empty cache; with ``repeat`` = k, each row repeated k times (beams)."""
-    memory = model.encoder(model.embedder.encode(src), key_padding_mask(src, model.config.pad_id)[:, None, None, :])
-    cache = empty_cache(model, memory, src, capacity)
-    rep = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  row b*k + j is beam j of sequence b
-    return cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
-                          memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
-
-
-@functools.partial(numerics.jit, static_argnames=("capacity",))
-def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, capacity: int):
-    c, B = model.config, src.shape[0]
-    log.info("impl_jax: compiling greedy_search for batch %d, source length %d (buckets); capacity %d",
-             *src.shape, capacity)
-    model = jax.tree.map(lambda p: p.astype(c.dtype), model)
-    special = jnp.asarray([c.pad_id, c.bos_id])                                   # never generated
-
-    def step(state):
-        t, tokens, out, done, cache = state
-        logits, cache = decode_step(model, tokens[:, None], cache)                # (B, 1, V)
-        best = jnp.argmax(logits[:, 0].at[..., special].set(-jnp.inf), axis=-1)   # the first of equal maxima
-        tokens = jnp.where(done, c.pad_id, best)
-        done = done | (tokens == c.eos_id) | (t + 1 >= limits)
-        return t + 1, tokens, out.at[:, t].set(tokens), done, cache
-
-    def running(state):
-        t, _, _, done, _ = state
-        return (t < capacity) & ~done.all()
-
-    state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32),
-             jnp.full((B, capacity), c.pad_id, jnp.int32), jnp.zeros((B,), bool), _prefill(model, src, capacity))
-    steps, _, out, _, _ = lax.while_loop(running, step, state)
-    return out, steps
-
-
 @functools.partial(numerics.jit, static_argnames=("capacity", "k"))
 def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, capacity: int, k: int):
+    """The loop of ``beam_search``: src (B, S), limits (B,) on the buckets, lp (P + 1,) the length penalties ->
+    (the best hypothesis (B, P), its length (B,))."""
     c, B, V, ninf = model.config, src.shape[0], model.config.vocab_size, -jnp.inf
     log.info("impl_jax: compiling beam_search for batch %d, source length %d (buckets); capacity %d, beam %d",
              *src.shape, capacity, k)
@@ -129,7 +113,7 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, 
 
     def step(state):
         t, s, done, cache = state
-        logits, cache = decode_step(model, s.tokens.reshape(B * k, 1), cache)                # (B*k, 1, V)
+        logits, cache = _decode(model, s.tokens.reshape(B * k, 1), cache)                    # (B*k, 1, V)
         logp = jax.nn.log_softmax(logits[:, 0], axis=-1)                                      # fp32, over all of V
         logp = logp.at[..., special].set(-jnp.inf).reshape(B, k, V)
         cand, top = lax.top_k((s.alive_lp[:, :, None] + logp).reshape(B, k * V), 2 * k)      # (B, 2k)
@@ -156,8 +140,20 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, 
                   jnp.tile(jnp.asarray([0.0] + [-np.inf] * (k - 1), F32), (B, 1)),
                   jnp.full((B, k, capacity), c.pad_id, jnp.int32), jnp.full((B, k), ninf, F32),
                   jnp.zeros((B,), jnp.int32))
-    _, s, _, _ = lax.while_loop(running, step, (jnp.zeros((), jnp.int32), s, jnp.zeros((B,), bool),
-                                                _prefill(model, src, capacity, k)))
+    cache = _init_cache(model, _encode(model, src), src, capacity)
+    rep = lambda x: jnp.repeat(x, k, axis=0)  # noqa: E731  row b*k + j is beam j of sequence b
+    cache = cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
+                           memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
+    _, s, _, _ = lax.while_loop(running, step, (jnp.zeros((), jnp.int32), s, jnp.zeros((B,), bool), cache))
     finished = jnp.isfinite(s.fin_score[:, 0])                        # else: the best alive hypothesis
     best = jnp.where(finished[:, None], s.fin_seq[:, 0], s.alive_seq[:, 0])          # (B, P)
     return best, jnp.where(finished, jnp.argmax(best == c.eos_id, axis=1) + 1, s.steps)
+
+
+def _padded(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[jax.Array, jax.Array, int]:
+    """The validated source (B, S) and its limits (B,) on the shape buckets, and the cache capacity: added rows
+    get limit 1 (they stop after one step); the capacity, the bucket of the longest limit, holds every sequence."""
+    c, (B, S) = model.config, src.shape
+    Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(int(limits.max()), c.max_len)
+    return (_device_ids(src, src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
+            jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)

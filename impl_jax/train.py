@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from impl_jax import numerics
-from impl_jax.model import Ids, Transformer, _host_ids, _padded_ids, log
+from impl_jax.model import Ids, Transformer, _device_ids, _host_ids, log
 from impl_jax.weights import canonical
 from spec import shapes, validate
 from spec import train_state_io as spec_io
@@ -83,16 +83,7 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
     """One Adam step in training mode -> (loss before the update, new model, new state) (``spec.api``); the model
     and state passed in are left unchanged. Raises ``ValueError`` also if ``state`` was built for another model."""
     batch = _batch(model.config, src, tgt_in, tgt_out)
-    want = {name: tuple(p.shape) for name, p in canonical(model).items()}
-    for k in ("m", "v"):
-        have = {name: tuple(x.shape) for name, x in getattr(state, k).items()}
-        for name in [*want, *have]:
-            if name not in have:
-                raise ValueError(f"train state: no {k}.{name} for the model's parameter {name!r}")
-            if name not in want:
-                raise ValueError(f"train state: {k}.{name} is not a parameter of the model")
-            if have[name] != want[name]:
-                raise ValueError(f"train state: {k}.{name} has shape {have[name]}, the parameter {want[name]}")
+    _check_state(model, state)
     loss, model, new = _train_step(model, state, *batch)
     order = list(state.m)  # the jitted function's dicts come back in sorted key order
     return loss, model, dataclasses.replace(new, m={n: new.m[n] for n in order}, v={n: new.v[n] for n in order})
@@ -159,9 +150,23 @@ def _batch(config: Config, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax.Arr
     validate.check_train_batch(src_host, tgt_host, out_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
     Bb, Tb = shapes.batch_bucket(B), shapes.length_bucket(T, config.max_len)
-    return (_padded_ids(src, src_host, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
-            _padded_ids(tgt_in, tgt_host, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
-            _padded_ids(tgt_out, out_host, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
+    return (_device_ids(src, src_host, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
+            _device_ids(tgt_in, tgt_host, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
+            _device_ids(tgt_out, out_host, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
+
+
+def _check_state(model: Transformer, state: TrainState) -> None:
+    """``state``'s moments must have the model's parameter names and shapes."""
+    want = {name: tuple(p.shape) for name, p in canonical(model).items()}
+    for k in ("m", "v"):
+        have = {name: tuple(x.shape) for name, x in getattr(state, k).items()}
+        for name in [*want, *have]:
+            if name not in have:
+                raise ValueError(f"train state: no {k}.{name} for the model's parameter {name!r}")
+            if name not in want:
+                raise ValueError(f"train state: {k}.{name} is not a parameter of the model")
+            if have[name] != want[name]:
+                raise ValueError(f"train state: {k}.{name} has shape {have[name]}, the parameter {want[name]}")
 
 
 @numerics.jit

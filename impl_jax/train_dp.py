@@ -9,7 +9,7 @@ the weights, Adam's moments, the schedule's step and the dropout key are replica
 The step is ``impl_jax.train``'s (``smoothed_loss`` of the model's forward with dropout, ``jax.value_and_grad``,
 ``adam_update``) as one jitted program (compiled with ``impl_jax.XLA_OPTIONS``) called on those arrays: it follows
 the input shardings, and XLA's SPMD partitioner inserts the all-reduce of the gradients (and of the loss's two
-sums); the compiled HLO holds it (``DataParallel.hlo``, tested). One process, so
+sums); the compiled HLO holds it (tested). One process, so
 ``world`` is N, ``rank`` 0, ``chief`` True and ``barrier`` a no-op; ``--data-parallel 1`` is the same program on
 a mesh of one device. On a CPU, ``main`` gives JAX's CPU backend N devices (``jax_num_cpu_devices``) before it
 starts; on a GPU or TPU host the devices are the accelerator's. Several hosts (untested here): one process per
@@ -137,15 +137,6 @@ class DataParallel:
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(MODULE)
 
-    def hlo(self, batch: Batch) -> str:
-        """The program ``step`` runs on ``batch`` (without keeping the gradient) as XLA compiles it for the mesh:
-        HLO text after SPMD partitioning, in which the gradients' "all-reduce" shows (the tests look for it).
-
-        Raises:
-            ValueError: as ``step``.
-        """
-        return _step.lower(self.model, self.state, *self._shards(batch), keep_gradient=False).compile().as_text()
-
     def _shards(self, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The global batch checked, each worker's ``shard`` padded to the batch bucket of B/N rows and the
         global batch's length buckets, laid out by rows on the mesh: int32 (N Bs, Sb), (N Bs, Tb), (N Bs, Tb),
@@ -158,24 +149,6 @@ class DataParallel:
         host = [np.concatenate([part[i] for part in shards]) for i in range(3)]  # (N Bs, Sb), (N Bs, Tb) x2 int32
         return tuple(jax.make_array_from_callback(x.shape, self._rows, x.__getitem__)
                      for x in host)  # type: ignore[return-value]
-
-
-@functools.partial(numerics.jit, static_argnames=("keep_gradient",))
-def _step(model: Transformer, state: TrainState, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
-          keep_gradient: bool):
-    """-> (loss, new model, new state, {canonical name: fp32 global gradient} if ``keep_gradient`` else None): the
-    step of ``impl_jax.train_step`` on the global batch (without the gradient, XLA keeps it nowhere)."""
-    c, tc = model.config, state.train_config
-    log.info("impl_jax: compiling train_step%s for batch %d, source length %d, target length %d (buckets)",
-             " keeping the gradient" if keep_gradient else "", *src.shape, tgt_in.shape[1])
-    rng, key = jax.random.split(state.rng)
-    loss, grads = jax.value_and_grad(
-        lambda m: train.smoothed_loss(m(src, tgt_in, rng=key), tgt_out, tc.label_smoothing, c.pad_id))(
-        jax.tree.map(lambda p: p.astype(jnp.float32), model))  # fp32 master weights (exact): fp32 gradients
-    grads = canonical(grads)
-    params, state = train.adam_update(canonical(model), grads, state)
-    return (loss, Transformer(c, params=params), dataclasses.replace(state, rng=rng),
-            grads if keep_gradient else None)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -197,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         env = {k: int(os.environ[k]) if k in os.environ else None for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")}
         jax.distributed.initialize(num_processes=env["JAX_NUM_PROCESSES"], process_id=env["JAX_PROCESS_ID"])
     else:
-        _cpu_devices(o.data_parallel)
+        _devices(o.data_parallel)
     if o.kill_at and not 0 <= o.kill_at[1] < jax.process_count():
         raise SystemExit(f"{MODULE}: --kill-at {o.kill_at[0]}:{o.kill_at[1]}: the rank is a process, and this run "
                          f"has {jax.process_count()} (one process drives the devices of its host)")
@@ -206,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- internals
 
-def _cpu_devices(n: int) -> None:
+def _devices(n: int) -> None:
     """Give JAX's CPU backend ``n`` devices before it starts, where the platform is the CPU (or not chosen) and it
     would have fewer.
 
@@ -225,6 +198,24 @@ def _cpu_devices(n: int) -> None:
             raise SystemExit(f"{MODULE}: --data-parallel {n}, but JAX's backend already started in this process "
                              f"with {jax.device_count()} device(s); run the command in a process of its own, or "
                              f"set jax_num_cpu_devices to {n} before JAX starts") from None
+
+
+@functools.partial(numerics.jit, static_argnames=("keep_gradient",))
+def _step(model: Transformer, state: TrainState, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
+          keep_gradient: bool):
+    """-> (loss, new model, new state, {canonical name: fp32 global gradient} if ``keep_gradient`` else None): the
+    step of ``impl_jax.train_step`` on the global batch (without the gradient, XLA keeps it nowhere)."""
+    c, tc = model.config, state.train_config
+    log.info("impl_jax: compiling train_step%s for batch %d, source length %d, target length %d (buckets)",
+             " keeping the gradient" if keep_gradient else "", *src.shape, tgt_in.shape[1])
+    rng, key = jax.random.split(state.rng)
+    loss, grads = jax.value_and_grad(
+        lambda m: train.smoothed_loss(m(src, tgt_in, rng=key), tgt_out, tc.label_smoothing, c.pad_id))(
+        jax.tree.map(lambda p: p.astype(jnp.float32), model))  # fp32 master weights (exact): fp32 gradients
+    grads = canonical(grads)
+    params, state = train.adam_update(canonical(model), grads, state)
+    return (loss, Transformer(c, params=params), dataclasses.replace(state, rng=rng),
+            grads if keep_gradient else None)
 
 
 def _local(tree: Any) -> Any:

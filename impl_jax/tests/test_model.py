@@ -132,10 +132,12 @@ def test_kv_cache_one_token_at_a_time_and_in_chunks_matches_forward(tiny, tokens
     (lambda m, s: m.init_cache(m.encode(s), s, m.config.max_len + 1), "capacity must be"),
 ], ids=["float_ids", "id_at_vocab_size", "all_pad_device_array", "negative_decode_id", "capacity"])
 def test_bad_input_raises_before_tracing(tiny, call, pattern, tokens):
-    before = M._forward._cache_size(), M._decode._cache_size()
+    ids = tokens(tiny.config, 7, 2, 7)
+    tiny.init_cache(tiny.encode(ids), ids, 8)  # the valid calls a case makes before its bad one, compiled first
+    before = M._forward._cache_size(), M._compiled._cache_size()
     with pytest.raises(ValueError, match=pattern):
-        call(tiny, tokens(tiny.config, 7, 2, 7))
-    assert (M._forward._cache_size(), M._decode._cache_size()) == before
+        call(tiny, ids)
+    assert (M._forward._cache_size(), M._compiled._cache_size()) == before
 
 
 def test_forward_compiles_once_per_bucket_and_logs_it(tiny, tokens, caplog):

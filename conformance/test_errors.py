@@ -39,6 +39,8 @@ BAD_INPUTS = {
                                r"tgt_in: token id \d+ outside"),
     "float_target": (lambda s, t, c: (s, t.astype(np.float64)), r"tgt_in: token ids must be integers"),
     "batch_sizes_differ": (lambda s, t, c: (s, t[:1]), r"src and tgt_in batch sizes differ: 3 vs 1"),
+    "ragged_rows": (lambda s, t, c: ([list(s[0]), list(s[1][:-1]), list(s[2])], t),
+                    r"src: token ids must be a \(batch, length\) array, got rows of different lengths"),
 }
 SOURCE_ONLY = {k for k, (_, pat) in BAD_INPUTS.items() if pat.startswith("src:")}
 

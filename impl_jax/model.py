@@ -147,7 +147,7 @@ class Transformer(Module):
         """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32, or with
         ``intermediates`` ``(logits, {name: jax.Array})``; dropout from a PRNG key ``rng`` (training)."""
         c = self.config
-        src_host, tgt_host = _host_ids(src, c), _host_ids(tgt_in, c)
+        src_host, tgt_host = _host_ids(src, c), _host_ids(tgt_in, c, "tgt_in")
         validate.check_forward(src_host, tgt_host, c)
         (B, S), T = src_host.shape, tgt_host.shape[1]
         Bb = shapes.batch_bucket(B)
@@ -184,7 +184,7 @@ class Transformer(Module):
         """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache);
         inside the caller's jit (a traced ``cache.length``) the capacity is checked as if the cache were empty."""
         c = self.config
-        host = _host_ids(tokens, c)
+        host = _host_ids(tokens, c, "tokens")
         length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
         validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
         return _compiled(_decode, self, _device_ids(tokens, host, *host.shape, c.pad_id), cache)
@@ -221,13 +221,14 @@ def _decode(model: Transformer, tokens: jax.Array, cache: KVCache, rng: jax.Arra
     return record("logits", model.embedder.decode(h)), cache
 
 
-def _host_ids(ids: Ids, config: Config) -> np.ndarray:
-    """Token ids as NumPy for ``spec.validate``: a host copy of concrete ids; for a tracer (the caller's jit), a
-    read-only stand-in of its shape and dtype holding a valid non-pad id, so the checks of rank, shape and dtype
-    run and the value checks (id range, all-padding rows) pass."""
+def _host_ids(ids: Ids, config: Config, name: str = "src") -> np.ndarray:
+    """Token ids as NumPy for ``spec.validate``: a host copy of concrete ids (ragged nested lists refused in the
+    spec's words, naming ``name``); for a tracer (the caller's jit), a read-only stand-in of its shape and dtype
+    holding a valid non-pad id, so the checks of rank, shape and dtype run and the value checks (id range,
+    all-padding rows) pass."""
     if isinstance(ids, jax.core.Tracer):
         return np.broadcast_to(np.asarray(config.eos_id).astype(ids.dtype), ids.shape)
-    return np.asarray(ids)
+    return validate.host_ids(name, ids)
 
 
 def _device_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int) -> jax.Array:

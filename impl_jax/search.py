@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from impl_jax import numerics
-from impl_jax.model import Ids, Transformer, _decode, _device_ids, _encode, _init_cache, log
+from impl_jax.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache, log
 from spec import shapes, validate
 
 F32 = jnp.float32
@@ -32,7 +32,7 @@ F32 = jnp.float32
 
 def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> np.ndarray:
     """Greedy decoding (``spec.api``, ``spec.search.greedy_search``): src (B, S) -> tokens (B, L) NumPy int64."""
-    c, host = model.config, np.asarray(src)
+    c, host = model.config, _host_ids(src, model.config)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     src, limits, capacity = _padded(model, host, limits)
@@ -83,7 +83,7 @@ class BeamState(NamedTuple):
 def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> np.ndarray:
     """Beam search (``spec.api``, ``spec.search.beam_search``): src (B, S) -> tokens (B, L) NumPy int64."""
-    c, host = model.config, np.asarray(src)
+    c, host = model.config, _host_ids(src, model.config)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)

@@ -146,7 +146,8 @@ def adam_update(params: dict[str, jax.Array], grads: dict[str, jax.Array], state
 def _batch(config: Config, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``spec.validate.check_train_batch`` on host copies, then the ids as int32, padded to the forward's buckets:
     (Bb, Sb), (Bb, Tb) twice."""
-    src_host, tgt_host, out_host = (_host_ids(x, config) for x in (src, tgt_in, tgt_out))
+    src_host, tgt_host, out_host = (_host_ids(src, config), _host_ids(tgt_in, config, "tgt_in"),
+                                    _host_ids(tgt_out, config, "tgt_out"))
     validate.check_train_batch(src_host, tgt_host, out_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
     Bb, Tb = shapes.batch_bucket(B), shapes.length_bucket(T, config.max_len)

@@ -31,7 +31,7 @@ import pytest
 import safetensors.numpy
 
 import spec
-from spec import data_parallel, golden_training, tolerance, training
+from spec import data_parallel, data_parallel_cli, golden_training, tolerance, training
 from spec.numerics import Numerics
 
 STEPS, BATCH, SEED = 10, 32, 0  # 32 rows: every step 17 tokens long, one compiled program (a new length bucket is
@@ -96,7 +96,7 @@ def runs(impl, env, tmp_path_factory) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def spec_runs():
     """The exact and faithful fp32 trajectories of the equality run, and the undecided elements at each step."""
-    c = data_parallel.config_of("tiny", "float32", 0.0)
+    c = data_parallel_cli.config_of("tiny", "float32", 0.0)
     tc = data_parallel.demo.TRAIN_CONFIG  # the command line's default schedule
     batches = [data_parallel.global_batch(c, k, BATCH, SEED) for k in range(1, STEPS + 1)]
     params = spec.init_params(c, SEED)

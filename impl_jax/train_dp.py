@@ -56,7 +56,7 @@ from impl_jax import numerics, train
 from impl_jax.model import Transformer, log
 from impl_jax.train import TrainState
 from impl_jax.weights import canonical
-from spec import data_parallel
+from spec import data_parallel, data_parallel_cli
 from spec.data_parallel import Batch, Options
 
 MODULE = "impl_jax.train_dp"
@@ -152,7 +152,7 @@ class DataParallel:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m impl_jax.train_dp``: ``spec.data_parallel.main`` on ``DataParallel`` (its result).
+    """``python -m impl_jax.train_dp``: ``spec.data_parallel_cli.main`` on ``DataParallel`` (its result).
 
     Process-wide state, as a command line may, before JAX's backend starts: with ``JAX_COORDINATOR_ADDRESS`` set,
     ``jax.distributed.initialize`` (several processes; module docstring); otherwise, where the platform is the CPU
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             a process of this run.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    o = data_parallel.options(argv, f"python -m {MODULE}")
+    o = data_parallel_cli.options(argv, f"python -m {MODULE}")
     if "JAX_COORDINATOR_ADDRESS" in os.environ:
         env = {k: int(os.environ[k]) if k in os.environ else None for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")}
         jax.distributed.initialize(num_processes=env["JAX_NUM_PROCESSES"], process_id=env["JAX_PROCESS_ID"])
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if o.kill_at and not 0 <= o.kill_at[1] < jax.process_count():
         raise SystemExit(f"{MODULE}: --kill-at {o.kill_at[0]}:{o.kill_at[1]}: the rank is a process, and this run "
                          f"has {jax.process_count()} (one process drives the devices of its host)")
-    return data_parallel.main(impl_jax, DataParallel, argv)
+    return data_parallel_cli.main(impl_jax, DataParallel, argv)
 
 
 # ----------------------------------------------------------------- internals

@@ -51,7 +51,7 @@ import tensorflow as tf
 import impl_tf
 from impl_tf import train
 from impl_tf.model import _forward
-from spec import data_parallel, weights_io
+from spec import data_parallel, data_parallel_cli, weights_io
 from spec.data_parallel import Batch, Options
 from spec.recording import recording
 
@@ -183,7 +183,7 @@ class DataParallel:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m impl_tf.train_dp``: ``spec.data_parallel.main`` on ``DataParallel`` (its result).
+    """``python -m impl_tf.train_dp``: ``spec.data_parallel_cli.main`` on ``DataParallel`` (its result).
 
     Process-wide state, as a command line may: without ``TF_CONFIG`` and without GPUs, the CPU is split into
     ``--data-parallel`` logical devices (``tf.config.set_logical_device_configuration``) before TensorFlow's
@@ -195,14 +195,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             this run.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    o = data_parallel.options(argv, f"python -m {MODULE}")
+    o = data_parallel_cli.options(argv, f"python -m {MODULE}")
     if "TF_CONFIG" not in os.environ:
         _devices(o.data_parallel)
         if o.kill_at and o.kill_at[1] != 0:
             raise SystemExit(f"{MODULE}: --kill-at {o.kill_at[0]}:{o.kill_at[1]}: the rank is a process, and this "
                              f"run has one (its {o.data_parallel} devices are driven by one process); use rank 0")
     tf.config.experimental.enable_tensor_float_32_execution(False)
-    return data_parallel.main(impl_tf, DataParallel, argv)
+    return data_parallel_cli.main(impl_tf, DataParallel, argv)
 
 
 # ----------------------------------------------------------------- internals

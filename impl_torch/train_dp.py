@@ -53,7 +53,7 @@ import impl_torch
 from impl_torch.model import _device_ids, _host_ids
 from impl_torch.numerics import numerics_scope
 from impl_torch.train import adam_update, smoothed_loss
-from spec import data_parallel, validate
+from spec import data_parallel, data_parallel_cli, validate
 from spec.data_parallel import Batch, Options
 
 MODULE = "impl_torch.train_dp"
@@ -166,7 +166,7 @@ class DataParallel:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m impl_torch.train_dp``: ``spec.data_parallel.main`` in each worker (its result: the chief's
+    """``python -m impl_torch.train_dp``: ``spec.data_parallel_cli.main`` in each worker (its result: the chief's
     summary, a worker's own losses). With ``--data-parallel N`` > 1 outside torchrun, re-launches the command under
     ``torch.distributed.run`` and returns {"framework", "data_parallel", "launcher"} once every worker succeeded.
 
@@ -179,12 +179,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             with torchrun's report (the failed rank and its exit code or signal) if a worker fails.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    o = data_parallel.options(argv, f"python -m {MODULE}")
+    o = data_parallel_cli.options(argv, f"python -m {MODULE}")
     torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ  # launched by torchrun
     if o.data_parallel > 1 and not torchrun:
         return _launch(o.data_parallel, argv)
     with _process_group(o.data_parallel, torchrun), numerics_scope():
-        return data_parallel.main(impl_torch, DataParallel, argv)
+        return data_parallel_cli.main(impl_torch, DataParallel, argv)
 
 
 # ----------------------------------------------------------------- internals

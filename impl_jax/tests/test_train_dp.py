@@ -23,7 +23,7 @@ import pytest
 import safetensors.numpy
 
 from impl_jax import train_dp
-from spec import data_parallel, demo, schema, training
+from spec import data_parallel, data_parallel_cli, demo, schema, training
 
 EPS32 = float(np.finfo(np.float32).eps)
 EQUALITY = ["--config", "tiny", "--dtype", "float32", "--dropout", "0", "--steps", "3", "--batch", "8",
@@ -70,7 +70,7 @@ def test_two_devices_compute_what_one_device_computes(tmp_path, launch):
     rounding of sums taken in another order (each device's rows, then the all-reduce of two partial sums). Bounds,
     as impl_torch's: 4 eps of the loss, 16 eps of each gradient tensor's largest element, 2.5e-4 of the summed
     learning rate (a mean of per-worker means is off by ~1e-2)."""
-    c = data_parallel.config_of("tiny", "float32", 0.0)
+    c = data_parallel_cli.config_of("tiny", "float32", 0.0)
     for step in (1, 2, 3):  # uneven token counts, or a mean of per-worker means would pass too
         batch = data_parallel.global_batch(c, step, 8, 0)
         assert len({data_parallel.token_count(data_parallel.shard(batch, r, 2)[2], c.pad_id) for r in (0, 1)}) == 2
@@ -118,7 +118,7 @@ def test_compiled_step_all_reduces_the_gradients(launch):
     """)
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["all_reduces"], "no all-reduce in the compiled step: the devices would not share gradients"
-    n_params = len(schema.param_specs(data_parallel.config_of("tiny", "bfloat16", None)))
+    n_params = len(schema.param_specs(data_parallel_cli.config_of("tiny", "bfloat16", None)))
     assert sum(r.count("f32[") for r in out["all_reduces"]) >= n_params, out["all_reduces"]
     assert out["devices"] == [2] and out["replicated"]
     assert "multiple of the number of workers" in out["refused"]
@@ -166,7 +166,7 @@ def test_main_refuses_devices_it_can_no_longer_add():
     with pytest.raises(SystemExit, match="already started in this process with 1 device"):
         train_dp.main(["--data-parallel", "2", "--config", "tiny", "--steps", "1", "--batch", "2"])
     with pytest.raises(ValueError, match="--data-parallel 2 needs as many devices; JAX has 1"):
-        train_dp.DataParallel(data_parallel.options(["--data-parallel", "2", "--config", "tiny"], "test"))
+        train_dp.DataParallel(data_parallel_cli.options(["--data-parallel", "2", "--config", "tiny"], "test"))
 
 
 def test_kill_at_names_a_process():

@@ -23,7 +23,7 @@ import safetensors.numpy
 import tensorflow as tf
 
 from impl_tf import train_dp
-from spec import data_parallel, demo, training
+from spec import data_parallel, data_parallel_cli, demo, training
 
 EPS32 = float(np.finfo(np.float32).eps)
 EQUALITY = ["--config", "tiny", "--dtype", "float32", "--dropout", "0", "--steps", "3", "--batch", "8",
@@ -81,13 +81,13 @@ def test_two_replicas_compute_what_one_computes(tmp_path, launch):
     as impl_jax's and impl_torch's: 2 eps of the loss, 16 eps of each gradient tensor's largest element, 2.5e-4 of
     the summed learning rate (a mean of per-worker means is off by ~1e-2). One replica runs here, through the
     library's class, which must leave TensorFlow's and NumPy's global state as it found it."""
-    c = data_parallel.config_of("tiny", "float32", 0.0)
+    c = data_parallel_cli.config_of("tiny", "float32", 0.0)
     for step in (1, 2, 3):  # uneven token counts, or a mean of per-worker means would pass too
         batch = data_parallel.global_batch(c, step, 8, 0)
         assert len({data_parallel.token_count(data_parallel.shard(batch, r, 2)[2], c.pad_id) for r in (0, 1)}) == 2
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
-    o = data_parallel.options(["--data-parallel", "1", *EQUALITY, "--record", str(one)], "test")
+    o = data_parallel_cli.options(["--data-parallel", "1", *EQUALITY, "--record", str(one)], "test")
     before = _global_state()
     result = data_parallel.run(train_dp.DataParallel(o), o, "tf")
     assert _global_state() == before
@@ -179,7 +179,7 @@ def test_main_refuses_devices_it_can_no_longer_add():
     with pytest.raises(SystemExit, match="already started in this process with 1 CPU device"):
         train_dp.main(["--data-parallel", "2", "--config", "tiny", "--steps", "1", "--batch", "2"])
     with pytest.raises(ValueError, match="--data-parallel 2 needs as many devices; TensorFlow has 1"):
-        train_dp.DataParallel(data_parallel.options(["--data-parallel", "2", "--config", "tiny"], "test"))
+        train_dp.DataParallel(data_parallel_cli.options(["--data-parallel", "2", "--config", "tiny"], "test"))
 
 
 def test_kill_at_names_a_process():

@@ -16,7 +16,7 @@ import safetensors.numpy
 import torch.distributed as dist
 
 from impl_torch import train_dp
-from spec import data_parallel, demo, training
+from spec import data_parallel, data_parallel_cli, demo, training
 
 EPS32 = float(np.finfo(np.float32).eps)
 EQUALITY = ["--config", "tiny", "--dtype", "float32", "--dropout", "0", "--steps", "3", "--batch", "8",
@@ -51,7 +51,7 @@ def test_two_workers_compute_what_one_device_computes(tmp_path):
     rounding of sums taken in another order (each worker's products over half the rows, then one sum of two; DDP's
     average is exactly fl(g_0 + g_1), checked separately). Bounds: 4 eps of the loss, 16 eps of each gradient
     tensor's largest element, 2.5e-4 of the summed learning rate (a mean of per-worker means is off by ~1e-2)."""
-    c = data_parallel.config_of("tiny", "float32", 0.0)
+    c = data_parallel_cli.config_of("tiny", "float32", 0.0)
     for step in (1, 2, 3):  # uneven token counts, or a mean of per-worker means would pass too
         batch = data_parallel.global_batch(c, step, 8, 0)
         assert len({data_parallel.token_count(data_parallel.shard(batch, r, 2)[2], c.pad_id) for r in (0, 1)}) == 2
@@ -117,5 +117,5 @@ def test_world_size_must_match_data_parallel(monkeypatch):
 
 def test_engine_needs_a_process_group():
     with pytest.raises(ValueError, match="process group"):
-        train_dp.DataParallel(data_parallel.options(["--config", "tiny"], "test"))
+        train_dp.DataParallel(data_parallel_cli.options(["--config", "tiny"], "test"))
 

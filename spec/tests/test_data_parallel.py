@@ -11,13 +11,14 @@ import pytest
 import safetensors.numpy
 
 from spec import data_parallel as dp
+from spec import data_parallel_cli as cli
 from spec.init import init_params
 
 ARGS = ["--config", "tiny", "--dtype", "float32", "--batch", "8"]
 
 
 def test_global_batch_is_a_function_of_seed_and_step():
-    c = dp.config_of("tiny", "float32", 0.0)
+    c = cli.config_of("tiny", "float32", 0.0)
     a, b, other = dp.global_batch(c, 3, 8, 0), dp.global_batch(c, 3, 8, 0), dp.global_batch(c, 4, 8, 0)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not np.array_equal(a[0], other[0]) and not np.array_equal(a[0], dp.global_batch(c, 3, 8, 1)[0])
@@ -26,7 +27,7 @@ def test_global_batch_is_a_function_of_seed_and_step():
 
 
 def test_shards_are_contiguous_rows_that_tile_the_batch():
-    c = dp.config_of("tiny", "float32", 0.0)
+    c = cli.config_of("tiny", "float32", 0.0)
     batch = dp.global_batch(c, 1, 8, 0)
     parts = [dp.shard(batch, r, 4) for r in range(4)]
     for i, whole in enumerate(batch):
@@ -38,7 +39,7 @@ def test_shards_are_contiguous_rows_that_tile_the_batch():
 
 
 def test_padded_shards_hold_each_shard_in_one_bucketed_shape():
-    c = dp.config_of("tiny", "float32", 0.0)
+    c = cli.config_of("tiny", "float32", 0.0)
     batch = dp.global_batch(c, 1, 6, 0)                                    # B = 6: shards of 3 rows, bucket 4
     padded = dp.padded_shards(batch, 2, c)
     for r, part in enumerate(padded):
@@ -60,12 +61,12 @@ def test_padded_shards_hold_each_shard_in_one_bucketed_shape():
 ])
 def test_bad_command_lines_name_the_option(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        dp.options(argv, "prog")
+        cli.options(argv, "prog")
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_options_give_fp32_master_weights():
-    o = dp.options([*ARGS, "--dropout", "0", "--kill-at", "5:1", "--record-steps", "1,10"], "prog")
+    o = cli.options([*ARGS, "--dropout", "0", "--kill-at", "5:1", "--record-steps", "1,10"], "prog")
     assert (o.config.param_dtype, o.config.dtype, o.config.dropout) == ("float32", "float32", 0.0)
     assert o.kill_at == (5, 1) and o.record_steps == (1, 10) and o.train_config.warmup_steps == 100
 
@@ -96,7 +97,7 @@ class FakeEngine:
 
 
 def test_resumed_loop_takes_every_step_once(tmp_path):
-    o = dp.options([*ARGS, "--steps", "5", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "a"),
+    o = cli.options([*ARGS, "--steps", "5", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "a"),
                     "--record", str(tmp_path / "rec"), "--record-steps", "5"], "prog")
     (tmp_path / "rec").mkdir()
     whole = FakeEngine(o)
@@ -105,7 +106,7 @@ def test_resumed_loop_takes_every_step_once(tmp_path):
     assert json.loads((tmp_path / "rec" / "losses.json").read_text())["first_step"] == 1
     assert (tmp_path / "rec" / "grad_5.safetensors").exists() and (tmp_path / "rec" / "params_5.safetensors").exists()
 
-    first = dp.options([*ARGS, "--steps", "3", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "b")],
+    first = cli.options([*ARGS, "--steps", "3", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "b")],
                        "prog")
     dp.run(FakeEngine(first), first, "fake")
     (tmp_path / "b" / ".step-00000004.tmp").mkdir()  # a checkpoint a killed run left half-written
@@ -117,8 +118,8 @@ def test_resumed_loop_takes_every_step_once(tmp_path):
 
 
 def test_resume_refuses_a_checkpoint_of_other_options(tmp_path):
-    o = dp.options([*ARGS, "--steps", "2", "--checkpoint-dir", str(tmp_path)], "prog")
+    o = cli.options([*ARGS, "--steps", "2", "--checkpoint-dir", str(tmp_path)], "prog")
     dp.run(FakeEngine(o), o, "fake")
-    other = dp.options([*ARGS, "--steps", "4", "--checkpoint-dir", str(tmp_path), "--resume", "--seed", "1"], "prog")
+    other = cli.options([*ARGS, "--steps", "4", "--checkpoint-dir", str(tmp_path), "--resume", "--seed", "1"], "prog")
     with pytest.raises(ValueError, match="other seed"):
         dp.run(FakeEngine(other), other, "fake")

@@ -206,8 +206,8 @@ def lint(session: nox.Session) -> None:
     """ruff, then the impls' shared skeleton (``tools.skeleton``: the same files and definitions in the same order)."""
     session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
-    # FLAGGED: the skeleton's thresholds are --min-score 0.85 --min-pair 0.75, the tool's defaults. Until the impls
-    # restructured to one skeleton land, lint holds only this floor against regressions (the scores:
-    # docs/decisions.md); then drop both options so the defaults apply.
-    session.run("python", "-m", "tools.skeleton", "--min-score", "0.50", "--min-pair", "0.0")
+    # FLAGGED: the mean is held at the tool's 0.85; the lowest pair at 0.60, not the tool's 0.75, while impl_torch's
+    # numerics.py keeps its native-bf16 autograd Function (three names the others have no cause for; the
+    # measurements: docs/decisions-torch.md). Raise it with the next change that closes that gap.
+    session.run("python", "-m", "tools.skeleton", "--min-pair", "0.60")
 

@@ -4,6 +4,7 @@ training step's loss, schedule and RNG discipline, a copy task it must learn, it
 
 from __future__ import annotations
 
+import collections
 import types
 
 import numpy as np
@@ -251,31 +252,34 @@ def test_the_default_init_learns_too():
 
 
 def _spec_driven_by(model):
-    """A stand-in for ``spec.reference``'s encode/init_cache/decode that computes with the peer: ``spec.search``'s
-    own greedy and beam search then run on the peer's fp32 logits (one source at a time in beam search)."""
+    """A stand-in for ``spec.reference``'s ``Transformer`` and ``KVCache`` that computes with the peer:
+    ``spec.search``'s own greedy and beam search then run on the peer's fp32 logits. The cache's fields carry the
+    peer's state, so that the search's beam reordering selects its rows: the target prefix (``self_kv``), the
+    encoder output (``memory_kv``) and the source ids (``memory_mask``)."""
+    KVCache = collections.namedtuple("KVCache", api.KV_CACHE_FIELDS)
 
-    class Cache:
-        def __init__(self, memory, src, prefix):
-            self.memory, self.src, self.prefix = memory, src, prefix
+    class Transformer:
+        def __init__(self, params, c, nx):
+            self.pad_id = c.pad_id
 
-        def select(self, rows):
-            return Cache(self.memory[rows], self.src[rows], self.prefix[rows])
+        def encode(self, src):
+            with torch.inference_mode():
+                return model._encode(torch.as_tensor(src)).numpy()                # (B, S, D) float32
 
-    def encode(params, src, c, nx):
-        with torch.inference_mode():
-            return model._encode(torch.as_tensor(src)).numpy()                    # (B, S, D) float32
+        def init_cache(self, memory, src, capacity):
+            prefix = np.zeros((len(src), 0), np.int64)
+            return KVCache([(prefix, prefix)], prefix, [(memory, memory)], src, 0)
 
-    def init_cache(params, memory, src, c, nx):
-        return Cache(memory, src, np.zeros((len(src), 0), np.int64))
+        def decode(self, tokens, cache):
+            prefix = np.concatenate([cache.self_kv[0][0], tokens], axis=1)
+            memory, src = cache.memory_kv[0][0], cache.memory_mask
+            with torch.inference_mode():
+                logits = P._next_logits(model, torch.as_tensor(prefix), torch.as_tensor(memory),
+                                        torch.as_tensor(src == self.pad_id))
+            after = KVCache([(prefix, prefix)], prefix, cache.memory_kv, src, cache.length + tokens.shape[1])
+            return logits.double().numpy()[:, None], after                         # (B, 1, V)
 
-    def decode(params, tokens, cache, c, nx):
-        cache.prefix = np.concatenate([cache.prefix, tokens], axis=1)
-        with torch.inference_mode():
-            logits = P._next_logits(model, torch.as_tensor(cache.prefix), torch.as_tensor(cache.memory),
-                                    torch.as_tensor(cache.src == c.pad_id))
-        return logits.double().numpy()[:, None]                                    # (B, 1, V)
-
-    return types.SimpleNamespace(encode=encode, init_cache=init_cache, decode=decode)
+    return types.SimpleNamespace(Transformer=Transformer, KVCache=KVCache)
 
 
 def test_searches_follow_spec_search(copier, monkeypatch):

@@ -98,8 +98,8 @@ def test_compiled_step_all_reduces_the_gradients(launch):
         import jax
         jax.config.update("jax_num_cpu_devices", 2)
         from impl_jax import train_dp
-        from spec import data_parallel as dp
-        o = dp.options(["--data-parallel", "2", "--config", "tiny", "--batch", "8"], "test")
+        from spec import data_parallel as dp, data_parallel_cli as cli
+        o = cli.options(["--data-parallel", "2", "--config", "tiny", "--batch", "8"], "test")
         engine = train_dp.DataParallel(o)
         batch = dp.global_batch(o.config, 1, 8, 0)
         shards = engine._shards(batch)  # the program step runs, as XLA compiles it for the mesh (SPMD-partitioned)

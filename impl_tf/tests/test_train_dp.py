@@ -114,8 +114,8 @@ def test_state_is_mirrored_and_each_replica_draws_its_own_masks(launch):
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         from impl_tf import train_dp
-        from spec import data_parallel as dp
-        o = dp.options(["--data-parallel", "2", "--config", "tiny", "--batch", "8"], "test")
+        from spec import data_parallel as dp, data_parallel_cli as cli
+        o = cli.options(["--data-parallel", "2", "--config", "tiny", "--batch", "8"], "test")
         engine = train_dp.DataParallel(o)
         s, state = engine.strategy, engine.state
         local = lambda x: [v.numpy().tolist() for v in s.experimental_local_results(x)]

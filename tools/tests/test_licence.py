@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_package_declares_the_licence_of_the_root():
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
     packages = sorted(ROOT.glob("*/pyproject.toml"))
-    assert {p.parent.name for p in packages} >= {"spec", "conformance", "impl_torch", "impl_jax", "impl_tf", "text", "bench"}
+    names = {p.parent.name for p in packages}
+    assert names >= {"spec", "conformance", "impl_torch", "impl_jax", "impl_tf", "text", "bench"}, names
     for p in packages:
         assert tomllib.loads(p.read_text())["project"]["license"] == "Apache-2.0", p
 

@@ -15,8 +15,9 @@ gradient, so weight gradients are fp32: the master weights' (``spec.training``).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
@@ -84,3 +85,19 @@ def matmul_f32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tens
     # count is a constant, so it keeps only the branch taken (its conditional simplifier inlines it).
     rows = tf.reduce_prod(tf.shape(a)[:-1])
     return tf.cond(rows >= UPCAST_MIN_ROWS, upcast, lambda: bf16_operands(a, b))
+
+
+@contextlib.contextmanager
+def numerics_scope() -> Iterator[None]:
+    """A context in which TensorFlow's matmul setting is what the contract needs on GPUs (rule 8); restored on exit.
+
+    Inside: TF32 off (by default TensorFlow runs fp32 products on Ampere and later GPUs as TF32, a 10-bit
+    mantissa, against fp32 mode's true fp32 products). The setting is process-wide, so the library never sets it
+    itself: run GPU work inside ``with numerics_scope(): ...``. On the CPU it changes nothing.
+    """
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)

@@ -51,6 +51,7 @@ import tensorflow as tf
 import impl_tf
 from impl_tf import train
 from impl_tf.model import _forward
+from impl_tf.numerics import numerics_scope
 from spec import data_parallel, data_parallel_cli, weights_io
 from spec.data_parallel import Batch, Options
 from spec.recording import recording
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     Process-wide state, as a command line may: without ``TF_CONFIG`` and without GPUs, the CPU is split into
     ``--data-parallel`` logical devices (``tf.config.set_logical_device_configuration``) before TensorFlow's
-    runtime starts; TF32 is turned off (fp32 products stay fp32 on GPUs, ``spec.numerics`` rule 8).
+    runtime starts. The run is inside ``numerics_scope`` (TF32 off: fp32 products stay fp32 on GPUs).
 
     Raises:
         SystemExit: on a bad command line (status 2); if TensorFlow's runtime already started in this process
@@ -201,8 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if o.kill_at and o.kill_at[1] != 0:
             raise SystemExit(f"{MODULE}: --kill-at {o.kill_at[0]}:{o.kill_at[1]}: the rank is a process, and this "
                              f"run has one (its {o.data_parallel} devices are driven by one process); use rank 0")
-    tf.config.experimental.enable_tensor_float_32_execution(False)
-    return data_parallel_cli.main(impl_tf, DataParallel, argv)
+    with numerics_scope():
+        return data_parallel_cli.main(impl_tf, DataParallel, argv)
 
 
 # ----------------------------------------------------------------- internals

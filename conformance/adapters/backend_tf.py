@@ -1,11 +1,13 @@
 """impl_tf as a conformance backend: the generic adapter (``conformance.adapters.impl``) in TensorFlow's dialect.
 
-Layers alone run eagerly on the model's own ``tf.Module``s. TF32 off (fp32 products stay fp32 on GPUs,
-``spec.numerics`` rule 8) and op determinism on are the test harness's process-wide choices, not the library's.
+Layers alone run eagerly on the model's own ``tf.Module``s. The session runs inside ``impl_tf.numerics_scope()``
+(TF32 off: fp32 products stay fp32 on GPUs, ``spec.numerics`` rule 8); op determinism on is the test harness's
+process-wide choice, not the library's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from pathlib import Path
 
@@ -16,9 +18,7 @@ import impl_tf
 from conformance.adapters.impl import Dialect, ImplModel
 from impl_tf.layers import residual_add
 
-# fp32 products must be fp32 on GPUs too (spec.numerics rule 8); op determinism keeps runs repeatable.
-tf.config.experimental.enable_tensor_float_32_execution(False)
-tf.config.experimental.enable_op_determinism()
+tf.config.experimental.enable_op_determinism()  # repeatable runs
 
 
 class TFDialect(Dialect):
@@ -44,6 +44,11 @@ class TFDialect(Dialect):
 class TFBackend:
     name = "tf"
     module = impl_tf
+
+    def __init__(self):
+        # Entered for the life of the backend, i.e. the session; nothing closes the stack.
+        self._session = contextlib.ExitStack()
+        self._session.enter_context(impl_tf.numerics_scope())
 
     def load(self, path: Path) -> ImplModel:
         return ImplModel(impl_tf, impl_tf.load_weights(path), TFDialect())

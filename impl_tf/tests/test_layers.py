@@ -19,7 +19,7 @@ BF16 = ml_dtypes.bfloat16
 
 
 def test_positional_encoding_is_the_exact_table_rounded_to_fp32():
-    pe = impl_tf.positional_encoding(50, 32).numpy()
+    pe = impl_tf.layers.positional_encoding(50, 32).numpy()
     assert pe.dtype == np.float32
     np.testing.assert_array_equal(pe, ref.positional_encoding(50, 32).astype(np.float32))
 
@@ -52,8 +52,8 @@ def test_masked_keys_get_zero_weight(seed, T, S):
     mask[1, 0, 0] = False  # one fully masked row
     v2 = np.where(mask.any(axis=(1, 2))[:, :, None, None], v, v + BF16(3.0)).astype(BF16)
     heads_major = lambda x: np.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, H, S, K) as the KV cache holds them
-    a = impl_tf.scaled_dot_product_attention(q, heads_major(k), heads_major(v), mask).numpy()
-    b = impl_tf.scaled_dot_product_attention(q, heads_major(k), heads_major(v2), mask).numpy()
+    a = impl_tf.layers.scaled_dot_product_attention(q, heads_major(k), heads_major(v), mask).numpy()
+    b = impl_tf.layers.scaled_dot_product_attention(q, heads_major(k), heads_major(v2), mask).numpy()
     assert a.shape == (2, T, 3, 5) and a.dtype == BF16
     assert np.isfinite(a.astype(np.float32)).all()
     rows = mask[:, 0].any(axis=-1)  # (B, T): queries with at least one key
@@ -82,3 +82,17 @@ def test_record_collects_only_while_recording(model):
     with recording() as rec, scope("encoder.layers.0"):
         model.encoder.layers[0].forward(x, mask)
     assert sorted(rec) == [f"encoder.layers.0.{s}" for s in ("ffn", "ffn.residual", "self_attn", "self_attn.residual")]
+
+
+def test_numerics_scope_turns_tf32_off_and_restores_it():
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    try:
+        with impl_tf.numerics_scope():
+            assert not tf.config.experimental.tensor_float_32_execution_enabled()
+        assert tf.config.experimental.tensor_float_32_execution_enabled()
+        with pytest.raises(RuntimeError, match="inside"), impl_tf.numerics_scope():
+            raise RuntimeError("inside")
+        assert tf.config.experimental.tensor_float_32_execution_enabled()  # restored on an exception too
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)

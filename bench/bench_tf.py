@@ -110,7 +110,7 @@ class _KerasTransformer(keras.Model):
         D = c.d_model
         self.embedding = keras.layers.Embedding(c.vocab_size, D, **layer)
         self.drop = keras.layers.Dropout(dropout, **layer)
-        self.pe = impl_tf.positional_encoding(c.max_len, D)                              # (max_len, D) fp32
+        self.pe = impl_tf.layers.positional_encoding(c.max_len, D)                              # (max_len, D) fp32
         self.scale = math.sqrt(D)
 
         def attention():

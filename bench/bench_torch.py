@@ -128,7 +128,7 @@ class Peer(nn.Module):
             d_model=c.d_model, nhead=c.n_heads, num_encoder_layers=c.n_encoder_layers,
             num_decoder_layers=c.n_decoder_layers, dim_feedforward=c.d_ff, dropout=dropout, batch_first=True,
             norm_first=False, layer_norm_eps=c.layer_norm_eps)
-        self.register_buffer("pe", impl_torch.positional_encoding(c.max_len, c.d_model), persistent=False)
+        self.register_buffer("pe", impl_torch.layers.positional_encoding(c.max_len, c.d_model), persistent=False)
         self.to(device=device, dtype=torch.float32 if train else DTYPES[c.dtype]).train(train)
 
     def embed(self, ids: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ Every entry point raises ``ValueError`` (the spec's messages, ``spec.validate``)
 on bad input before anything is computed.
 """
 
-from impl_jax import layers, model, numerics
+from impl_jax import layers, model, numerics, search, train, weights
 from impl_jax.model import KVCache, Transformer
 from impl_jax.numerics import XLA_OPTIONS
 from impl_jax.search import beam_search, greedy_search
@@ -49,7 +49,7 @@ from impl_jax.weights import from_params, load_weights, params_of, save_weights
 __version__ = "0.2.0"
 
 __all__ = [
-    "KVCache", "TrainState", "Transformer", "XLA_OPTIONS", "__version__", "beam_search", "from_params", "greedy_search",
-    "init_train_state", "layers", "load_train_state", "load_weights", "loss_and_gradients", "model", "numerics",
-    "params_of", "save_train_state", "save_weights", "train_step",
+    "KVCache", "TrainState", "Transformer", "XLA_OPTIONS", "__version__", "beam_search", "from_params",
+    "greedy_search", "init_train_state", "layers", "load_train_state", "load_weights", "loss_and_gradients", "model",
+    "numerics", "params_of", "save_train_state", "save_weights", "search", "train", "train_step", "weights",
 ]

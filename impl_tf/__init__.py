@@ -41,27 +41,16 @@ except ModuleNotFoundError as e:
                               "'aiayn-tf[cpu]', 'aiayn-tf[gpu]' (NVIDIA, tensorflow[and-cuda]) or "
                               "'aiayn-tf[tensorflow]'") from e
 
-from impl_tf.layers import (  # noqa: E402
-    DecoderLayer,
-    Embedder,
-    EncoderLayer,
-    FeedForward,
-    LayerNorm,
-    MultiHeadAttention,
-    dropout,
-    positional_encoding,
-    scaled_dot_product_attention,
-)
-from impl_tf.model import Decoder, Encoder, KVCache, Transformer  # noqa: E402
-from impl_tf.search import BeamState, beam_search, greedy_search  # noqa: E402
+from impl_tf import layers, model, numerics, search, train, weights  # noqa: E402
+from impl_tf.model import KVCache, Transformer  # noqa: E402
+from impl_tf.numerics import numerics_scope  # noqa: E402
+from impl_tf.search import beam_search, greedy_search  # noqa: E402
 from impl_tf.train import (  # noqa: E402
     TrainState,
-    adam_update,
     init_train_state,
     load_train_state,
     loss_and_gradients,
     save_train_state,
-    smoothed_loss,
     train_step,
 )
 from impl_tf.weights import from_params, load_weights, params_of, save_weights  # noqa: E402
@@ -69,9 +58,7 @@ from impl_tf.weights import from_params, load_weights, params_of, save_weights  
 __version__ = "0.2.0"
 
 __all__ = [
-    "BeamState", "Decoder", "DecoderLayer", "Embedder", "Encoder", "EncoderLayer", "FeedForward", "KVCache",
-    "LayerNorm", "MultiHeadAttention", "TrainState", "Transformer", "__version__", "adam_update", "beam_search",
-    "dropout", "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights",
-    "loss_and_gradients", "params_of", "positional_encoding", "save_train_state", "save_weights",
-    "scaled_dot_product_attention", "smoothed_loss", "train_step",
+    "KVCache", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "greedy_search",
+    "init_train_state", "layers", "load_train_state", "load_weights", "loss_and_gradients", "model", "numerics",
+    "numerics_scope", "params_of", "save_train_state", "save_weights", "search", "train", "train_step", "weights",
 ]

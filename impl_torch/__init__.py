@@ -36,35 +36,26 @@ Bad token ids and arguments raise the spec's ``ValueError`` (``spec.validate``) 
 NumPy integer and float scalars count as Python ones. Search never generates pad or BOS.
 """
 
-from impl_torch.layers import (
-                               DecoderLayer,
-                               Embedder,
-                               EncoderLayer,
-                               FeedForward,
-                               LayerNorm,
-                               MultiHeadAttention,
-                               positional_encoding,
-                               scaled_dot_product_attention,
-)
-from impl_torch.model import Decoder, Encoder, KVCache, Transformer, to_array, to_tensor
+from impl_torch import layers, model, numerics, search, train, weights
+from impl_torch.layers import to_array, to_tensor
+from impl_torch.model import KVCache, Transformer
 from impl_torch.numerics import numerics_scope
 from impl_torch.search import beam_search, greedy_search
 from impl_torch.train import (
-                              TrainState,
-                              init_train_state,
-                              load_train_state,
-                              loss_and_gradients,
-                              save_train_state,
-                              train_step,
+    TrainState,
+    init_train_state,
+    load_train_state,
+    loss_and_gradients,
+    save_train_state,
+    train_step,
 )
 from impl_torch.weights import from_params, load_weights, params_of, save_weights
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "Decoder", "DecoderLayer", "Embedder", "Encoder", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention", "TrainState", "Transformer", "__version__", "beam_search",
-    "from_params", "greedy_search", "init_train_state", "load_train_state", "load_weights", "loss_and_gradients",
-    "numerics_scope", "params_of", "positional_encoding", "save_train_state", "save_weights",
-    "scaled_dot_product_attention", "to_array", "to_tensor", "train_step",
+    "KVCache", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "greedy_search",
+    "init_train_state", "layers", "load_train_state", "load_weights", "loss_and_gradients", "model", "numerics",
+    "numerics_scope", "params_of", "save_train_state", "save_weights", "search", "to_array", "to_tensor", "train",
+    "train_step", "weights",
 ]

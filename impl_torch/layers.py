@@ -9,8 +9,11 @@ picks its CPU GEMM (``impl_torch.numerics``). Dropout draws from the ``torch.Gen
 
 from __future__ import annotations
 
+import functools
 import math
 
+import ml_dtypes
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -21,6 +24,21 @@ from spec.numerics import MASKED_SCORE
 from spec.recording import record
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def to_tensor(a: np.ndarray) -> Tensor:
+    """A NumPy array (bf16 as ``ml_dtypes.bfloat16``) as a CPU tensor with the same bits."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)  # NumPy has no bf16
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def to_array(t: Tensor) -> np.ndarray:
+    """A tensor as a NumPy array with the same bits (bf16 as ``ml_dtypes.bfloat16``)."""
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
 
 
 def dropout(x: Tensor, rate: float, rng: torch.Generator | None) -> Tensor:
@@ -166,10 +184,9 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, device, native_bf16=native_bf16)
-        self.self_attn_norm = LayerNorm(config, device)
-        self.ffn = FeedForward(config, device, native_bf16=native_bf16)
-        self.ffn_norm = LayerNorm(config, device)
+        attention = functools.partial(MultiHeadAttention, config, device, native_bf16=native_bf16)
+        self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
+        self.ffn, self.ffn_norm = FeedForward(config, device, native_bf16=native_bf16), LayerNorm(config, device)
         self.norm_first, self.rate = config.norm_first, config.dropout
 
     def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
@@ -189,12 +206,10 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, device, native_bf16=native_bf16)
-        self.self_attn_norm = LayerNorm(config, device)
-        self.cross_attn = MultiHeadAttention(config, device, native_bf16=native_bf16)
-        self.cross_attn_norm = LayerNorm(config, device)
-        self.ffn = FeedForward(config, device, native_bf16=native_bf16)
-        self.ffn_norm = LayerNorm(config, device)
+        attention = functools.partial(MultiHeadAttention, config, device, native_bf16=native_bf16)
+        self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
+        self.cross_attn, self.cross_attn_norm = attention(), LayerNorm(config, device)
+        self.ffn, self.ffn_norm = FeedForward(config, device, native_bf16=native_bf16), LayerNorm(config, device)
         self.norm_first, self.rate = config.norm_first, config.dropout
 
     def forward(self, y: Tensor, self_kv: tuple[Tensor, Tensor], self_mask: Tensor, memory_kv: tuple[Tensor, Tensor],

@@ -11,13 +11,12 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 
-import ml_dtypes
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 import spec
-from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm
+from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, to_tensor
 from spec import validate
 from spec.annotations import Bool, Float
 from spec.config import Config
@@ -56,14 +55,22 @@ def causal_mask(start: int, n: int, device: torch.device) -> Tensor:
     return torch.arange(start + n, device=device)[None, :] <= q_pos
 
 
-class Encoder(nn.Module):
+class Stack(nn.Module):
+    """``n`` layers of one kind, then (pre-LN only) a final LayerNorm (section 3.1): what the encoder and decoder
+    stacks share."""
+
+    def __init__(self, config: Config, device: torch.device | str | None, layer: type[nn.Module], n: int, *,
+                 native_bf16: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(layer(config, device, native_bf16=native_bf16) for _ in range(n))
+        self.final_norm = LayerNorm(config, device) if config.norm_first else None
+
+
+class Encoder(Stack):
     """N encoder layers, then (pre-LN only) a final LayerNorm: (B, S, D) -> (B, S, D)."""
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(config, device, native_bf16=native_bf16)
-                                    for _ in range(config.n_encoder_layers))
-        self.final_norm = LayerNorm(config, device) if config.norm_first else None
+        super().__init__(config, device, EncoderLayer, config.n_encoder_layers, native_bf16=native_bf16)
 
     def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) key padding mask."""
@@ -73,14 +80,11 @@ class Encoder(nn.Module):
         return x if self.final_norm is None else self.final_norm(x)
 
 
-class Decoder(nn.Module):
+class Decoder(Stack):
     """N decoder layers, then (pre-LN only) a final LayerNorm: (B, n, D) -> (B, n, D)."""
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(config, device, native_bf16=native_bf16)
-                                    for _ in range(config.n_decoder_layers))
-        self.final_norm = LayerNorm(config, device) if config.norm_first else None
+        super().__init__(config, device, DecoderLayer, config.n_decoder_layers, native_bf16=native_bf16)
 
     def forward(self, y: Tensor, cache: KVCache, rng: torch.Generator | None = None) -> tuple[Tensor, KVCache]:
         """n new positions y (B, n, D) at ``cache.length``.. -> (h (B, n, D), cache), the new positions' keys and
@@ -246,21 +250,6 @@ def _host_ids(ids: Ids, name: str = "src") -> np.ndarray:
 def _device_ids(ids: Ids, device: torch.device) -> Tensor:
     """Validated token ids as an int64 tensor on ``device`` (NumPy arrays in any memory layout)."""
     return torch.as_tensor(np.ascontiguousarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
-
-
-def to_tensor(a: np.ndarray) -> Tensor:
-    """A NumPy array (bf16 as ``ml_dtypes.bfloat16``) as a CPU tensor with the same bits."""
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)  # NumPy has no bf16
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def to_array(t: Tensor) -> np.ndarray:
-    """A tensor as a NumPy array with the same bits (bf16 as ``ml_dtypes.bfloat16``)."""
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
 
 
 def _tied_once(model: Transformer, state: dict[str, Tensor], prefix: str, _: object) -> None:

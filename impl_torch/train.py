@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.adam import adam
 
-from impl_torch.model import Ids, Transformer, _device_ids, _host_ids, to_array, to_tensor
+from impl_torch.layers import to_array, to_tensor
+from impl_torch.model import Ids, Transformer, _device_ids, _host_ids
 from spec import train_state_io as spec_io
 from spec import training, validate
 from spec.training import TrainConfig

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 import spec.weights_io
-from impl_torch.model import Transformer, to_array
+from impl_torch.layers import to_array
+from impl_torch.model import Transformer
 from spec.config import Config
 
 

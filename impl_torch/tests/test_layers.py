@@ -20,7 +20,7 @@ def _bf16(*shape, seed=0, scale=1.0):
 
 
 def test_positional_encoding_is_the_papers_interleaved_table():
-    pe = impl_torch.positional_encoding(50, 8)
+    pe = impl_torch.layers.positional_encoding(50, 8)
     assert pe.dtype == torch.float32 and pe.shape == (50, 8)
     pos, i = np.arange(50)[:, None], np.arange(0, 8, 2)[None, :]
     angle = pos / 10000.0 ** (i / 8)
@@ -42,7 +42,7 @@ def test_linear_accumulates_in_fp32_and_rounds_once_after_the_bias():
 def test_layer_norm_statistics_in_fp32():
     x = _bf16(2, 5, 32, seed=4, scale=1e-3)                                # variance ~ eps: eps is visible
     scale, bias = _bf16(32, seed=5).abs() + 0.5, _bf16(32, seed=6)
-    norm = impl_torch.LayerNorm(TINY.replace(d_model=32, layer_norm_eps=1e-6))
+    norm = impl_torch.layers.LayerNorm(TINY.replace(d_model=32, layer_norm_eps=1e-6))
     norm.scale.data, norm.bias.data = scale, bias
     y = norm(x)
     xd = x.double()
@@ -63,20 +63,20 @@ def _attention_inputs(dtype=torch.float32):
 
 def test_masked_keys_get_exactly_zero_weight():
     q, k, v, mask = _attention_inputs()
-    out = impl_torch.scaled_dot_product_attention(q, k, v, mask)
+    out = impl_torch.layers.scaled_dot_product_attention(q, k, v, mask)
     assert out.shape == (2, 4, 3, 8)                                        # (B, T, H, C)
     v2 = v.clone()
     v2[1, :, 4:] = 1e4                                                      # change only masked keys' values
     k2 = k.clone()
     k2[1, :, 4:] = -k2[1, :, 4:]
-    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k2, v2, mask), out, rtol=0, atol=0)
+    torch.testing.assert_close(impl_torch.layers.scaled_dot_product_attention(q, k2, v2, mask), out, rtol=0, atol=0)
 
 
 def test_fully_masked_query_rows_are_finite():
     q, k, v, mask = _attention_inputs(torch.bfloat16)
     mask[0, :, 2] = False                                                   # query 2 of row 0 sees no key
     for fused in (False, True):
-        assert torch.isfinite(impl_torch.scaled_dot_product_attention(q, k, v, mask, fused=fused).float()).all()
+        assert torch.isfinite(impl_torch.layers.scaled_dot_product_attention(q, k, v, mask, fused=fused).float()).all()
 
 
 def test_plain_attention_is_equation_1():
@@ -85,13 +85,13 @@ def test_plain_attention_is_equation_1():
     scores = (qh @ kh.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     probs = torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
     want = (probs @ vh).transpose(1, 2)                                     # (B, T, H, C)
-    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k, v, mask).double(), want)
+    torch.testing.assert_close(impl_torch.layers.scaled_dot_product_attention(q, k, v, mask).double(), want)
 
 
 def test_fused_attention_agrees_with_plain_in_float32():
     q, k, v, mask = _attention_inputs()
-    plain = impl_torch.scaled_dot_product_attention(q, k, v, mask)
-    torch.testing.assert_close(impl_torch.scaled_dot_product_attention(q, k, v, mask, fused=True), plain)
+    plain = impl_torch.layers.scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(impl_torch.layers.scaled_dot_product_attention(q, k, v, mask, fused=True), plain)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
@@ -208,9 +208,9 @@ def test_cpu_bf16_linear_training_paths_agree():
 
 @pytest.mark.parametrize("native", [False, True])
 def test_native_bf16_is_a_constructor_option_shown_in_repr_and_passed_to_every_product(native):
-    model = impl_torch.Transformer(TINY, native_bf16=native)
+    L, model = impl_torch.layers, impl_torch.Transformer(TINY, native_bf16=native)
     assert f"native_bf16={native}" in repr(model)
-    products = [m for m in model.modules() if isinstance(m, impl_torch.MultiHeadAttention | impl_torch.FeedForward)]
+    products = [m for m in model.modules() if isinstance(m, L.MultiHeadAttention | L.FeedForward)]
     assert len(products) == 3 * TINY.n_decoder_layers + 2 * TINY.n_encoder_layers
     assert all(m.native_bf16 is native for m in products)
     assert impl_torch.Transformer(TINY).native_bf16 is False                              # the default

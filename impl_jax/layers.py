@@ -173,18 +173,14 @@ class EncoderLayer(Module):
     """Self-attention then FFN, each in a residual connection with LayerNorm (section 3.1): post-LN as the paper,
     or pre-LN (``config.norm_first``); each residual sum rounded to the activation dtype."""
 
+    config: Config = dataclasses.field(metadata={"static": True})
     self_attn: MultiHeadAttention
     self_attn_norm: LayerNorm
     ffn: FeedForward
     ffn_norm: LayerNorm
-    config: Config = dataclasses.field(metadata={"static": True})
 
     def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
-        eps = config.layer_norm_eps
-        vars(self).update(self_attn=MultiHeadAttention(params, f"{name}.self_attn"),
-                          self_attn_norm=LayerNorm(params, f"{name}.self_attn_norm", eps),
-                          ffn=FeedForward(params, f"{name}.ffn"), ffn_norm=LayerNorm(params, f"{name}.ffn_norm", eps),
-                          config=config)
+        vars(self).update(_sublayers(params, name, config, ("self_attn",)))
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D), key padding mask (B, 1, 1, S); dropout (section 5.4) from ``rng`` -> (B, S, D)."""
@@ -202,22 +198,16 @@ class DecoderLayer(Module):
     """Masked self-attention over a KV cache, cross-attention over the encoder output, FFN (section 3.1), each in
     a residual connection as ``EncoderLayer``'s."""
 
+    config: Config = dataclasses.field(metadata={"static": True})
     self_attn: MultiHeadAttention
     self_attn_norm: LayerNorm
     cross_attn: MultiHeadAttention
     cross_attn_norm: LayerNorm
     ffn: FeedForward
     ffn_norm: LayerNorm
-    config: Config = dataclasses.field(metadata={"static": True})
 
     def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
-        eps = config.layer_norm_eps
-        vars(self).update(self_attn=MultiHeadAttention(params, f"{name}.self_attn"),
-                          self_attn_norm=LayerNorm(params, f"{name}.self_attn_norm", eps),
-                          cross_attn=MultiHeadAttention(params, f"{name}.cross_attn"),
-                          cross_attn_norm=LayerNorm(params, f"{name}.cross_attn_norm", eps),
-                          ffn=FeedForward(params, f"{name}.ffn"), ffn_norm=LayerNorm(params, f"{name}.ffn_norm", eps),
-                          config=config)
+        vars(self).update(_sublayers(params, name, config, ("self_attn", "cross_attn")))
 
     def forward(self, y: jax.Array, self_kv: KV, self_mask: jax.Array, memory_kv: KV, memory_mask: jax.Array,
                 start: jax.Array | int, rng: jax.Array | None = None) -> tuple[jax.Array, KV]:
@@ -238,3 +228,13 @@ class DecoderLayer(Module):
         h = self.ffn_norm(y) if pre else y
         a = record("ffn", dropout(self.ffn(h), c.dropout, keys[2]))
         return record("ffn.residual", y + a if pre else self.ffn_norm(y + a)), self_kv
+
+
+def _sublayers(params: dict[str, jax.Array], name: str, config: Config, attentions: tuple[str, ...]) -> dict:
+    """The fields of the layer ``name`` (section 3.1): ``config``, each of its ``attentions`` and its LayerNorm, then
+    the FFN and its LayerNorm."""
+    eps, fields = config.layer_norm_eps, {"config": config}
+    for a in attentions:
+        fields[a] = MultiHeadAttention(params, f"{name}.{a}")
+        fields[f"{a}_norm"] = LayerNorm(params, f"{name}.{a}_norm", eps)
+    return fields | {"ffn": FeedForward(params, f"{name}.ffn"), "ffn_norm": LayerNorm(params, f"{name}.ffn_norm", eps)}

@@ -10,6 +10,7 @@ terms that cancel (docs/decisions-tf.md). Dropout (section 5.4) draws from the `
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -163,10 +164,9 @@ class EncoderLayer(tf.Module):
     def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
         super().__init__(name="encoder_layer")
         self.norm_first, self.rate = c.norm_first, c.dropout
-        self.self_attn = MultiHeadAttention(params, f"{path}.self_attn")
-        self.self_attn_norm = LayerNorm(c, params, f"{path}.self_attn_norm")
-        self.ffn = FeedForward(params, f"{path}.ffn")
-        self.ffn_norm = LayerNorm(c, params, f"{path}.ffn_norm")
+        attention, norm = functools.partial(MultiHeadAttention, params), functools.partial(LayerNorm, c, params)
+        self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
+        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn"), norm(f"{path}.ffn_norm")
 
     def forward(self, x: tf.Tensor, mask: tf.Tensor, rng=None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D); ``rng`` as ``dropout``'s."""
@@ -186,12 +186,10 @@ class DecoderLayer(tf.Module):
     def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
         super().__init__(name="decoder_layer")
         self.norm_first, self.rate = c.norm_first, c.dropout
-        self.self_attn = MultiHeadAttention(params, f"{path}.self_attn")
-        self.self_attn_norm = LayerNorm(c, params, f"{path}.self_attn_norm")
-        self.cross_attn = MultiHeadAttention(params, f"{path}.cross_attn")
-        self.cross_attn_norm = LayerNorm(c, params, f"{path}.cross_attn_norm")
-        self.ffn = FeedForward(params, f"{path}.ffn")
-        self.ffn_norm = LayerNorm(c, params, f"{path}.ffn_norm")
+        attention, norm = functools.partial(MultiHeadAttention, params), functools.partial(LayerNorm, c, params)
+        self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
+        self.cross_attn, self.cross_attn_norm = attention(f"{path}.cross_attn"), norm(f"{path}.cross_attn_norm")
+        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn"), norm(f"{path}.ffn_norm")
 
     def forward(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], self_mask: tf.Tensor,
                 memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor, start: tf.Tensor | int, rng=None

@@ -65,18 +65,26 @@ def causal_mask(start: jax.Array | int, n: int, capacity: int) -> jax.Array:
     return (jnp.arange(capacity)[None, :] <= q_pos)[None, None]
 
 
-class Encoder(Module):
-    """The encoder stack (section 3.1): N ``EncoderLayer``s, then a final LayerNorm when pre-LN."""
+class Stack(Module):
+    """``n`` layers of one kind under the canonical prefix ``name``, then a final LayerNorm when pre-LN (section
+    3.1): what the encoder and decoder stacks share."""
 
-    layers: tuple[EncoderLayer, ...]
+    layers: tuple[Module, ...]
     final_norm: LayerNorm | None
     config: Config = dataclasses.field(metadata={"static": True})
 
-    def __init__(self, params: dict[str, jax.Array], config: Config):
+    def __init__(self, params: dict[str, jax.Array], config: Config, layer: type[Module], name: str, n: int):
         vars(self).update(
-            layers=tuple(EncoderLayer(params, f"encoder.layers.{i}", config) for i in range(config.n_encoder_layers)),
-            final_norm=LayerNorm(params, "encoder.final_norm", config.layer_norm_eps) if config.norm_first else None,
+            layers=tuple(layer(params, f"{name}.layers.{i}", config) for i in range(n)),
+            final_norm=LayerNorm(params, f"{name}.final_norm", config.layer_norm_eps) if config.norm_first else None,
             config=config)
+
+
+class Encoder(Stack):
+    """The encoder stack (section 3.1): N ``EncoderLayer``s, then a final LayerNorm when pre-LN."""
+
+    def __init__(self, params: dict[str, jax.Array], config: Config):
+        super().__init__(params, config, EncoderLayer, "encoder", config.n_encoder_layers)
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D): the source embeddings (section 3.4), dropped out here (section 5.4) with the layers'
@@ -91,18 +99,11 @@ class Encoder(Module):
         return record("encoder.out", x)
 
 
-class Decoder(Module):
+class Decoder(Stack):
     """The decoder stack (section 3.1): N ``DecoderLayer``s over a KV cache, then a final LayerNorm when pre-LN."""
 
-    layers: tuple[DecoderLayer, ...]
-    final_norm: LayerNorm | None
-    config: Config = dataclasses.field(metadata={"static": True})
-
     def __init__(self, params: dict[str, jax.Array], config: Config):
-        vars(self).update(
-            layers=tuple(DecoderLayer(params, f"decoder.layers.{i}", config) for i in range(config.n_decoder_layers)),
-            final_norm=LayerNorm(params, "decoder.final_norm", config.layer_norm_eps) if config.norm_first else None,
-            config=config)
+        super().__init__(params, config, DecoderLayer, "decoder", config.n_decoder_layers)
 
     def forward(self, y: jax.Array, cache: KVCache, rng: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
         """y (B, n, D): the target embeddings of positions ``cache.length ..``, dropped out here with the layers'

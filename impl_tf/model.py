@@ -60,13 +60,21 @@ def causal_mask(start: tf.Tensor, n: tf.Tensor, capacity: tf.Tensor) -> tf.Tenso
     return tf.range(capacity)[None, :] <= (start + tf.range(n))[:, None]
 
 
-class Encoder(tf.Module):
+class Stack(tf.Module):
+    """``n`` layers of one kind under the canonical prefix ``name`` (section 3.1); pre-LN adds a final LayerNorm:
+    what the encoder and decoder stacks share."""
+
+    def __init__(self, c: Config, params: dict[str, np.ndarray], layer: type[tf.Module], name: str, n: int):
+        super().__init__(name=name)
+        self.layers = [layer(c, params, f"{name}.layers.{i}") for i in range(n)]
+        self.final_norm = LayerNorm(c, params, f"{name}.final_norm") if c.norm_first else None
+
+
+class Encoder(Stack):
     """N encoder layers (section 3.1); pre-LN adds a final LayerNorm."""
 
     def __init__(self, c: Config, params: dict[str, np.ndarray]):
-        super().__init__(name="encoder")
-        self.layers = [EncoderLayer(c, params, f"encoder.layers.{i}") for i in range(c.n_encoder_layers)]
-        self.final_norm = LayerNorm(c, params, "encoder.final_norm") if c.norm_first else None
+        super().__init__(c, params, EncoderLayer, "encoder", c.n_encoder_layers)
 
     def forward(self, x: tf.Tensor, mask: tf.Tensor, rng=None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> memory (B, S, D); ``rng`` as ``layers.dropout``'s."""
@@ -78,13 +86,11 @@ class Encoder(tf.Module):
         return record("encoder.out", x)
 
 
-class Decoder(tf.Module):
+class Decoder(Stack):
     """N decoder layers over a KV cache (section 3.1); pre-LN adds a final LayerNorm."""
 
     def __init__(self, c: Config, params: dict[str, np.ndarray]):
-        super().__init__(name="decoder")
-        self.layers = [DecoderLayer(c, params, f"decoder.layers.{i}") for i in range(c.n_decoder_layers)]
-        self.final_norm = LayerNorm(c, params, "decoder.final_norm") if c.norm_first else None
+        super().__init__(c, params, DecoderLayer, "decoder", c.n_decoder_layers)
 
     def forward(self, y: tf.Tensor, cache: KVCache, rng=None) -> tuple[tf.Tensor, KVCache]:
         """y (B, n, D) at positions ``cache.length...``, whose keys are already in ``cache.key_mask`` -> (h (B, n, D),

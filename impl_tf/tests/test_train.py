@@ -87,16 +87,6 @@ def runs32(params32):
     return golden_training.runs(params32, _batches(F32), F32)
 
 
-@pytest.fixture(scope="module")
-def model_bf16():
-    return impl_tf.Transformer(BF16, seed=0)
-
-
-@pytest.fixture(scope="module")
-def params_bf16(model_bf16):
-    return impl_tf.params_of(model_bf16)
-
-
 def _judge_gradients(loss, grads, params, batch, c, label_smoothing=0.1) -> dict[str, tolerance.Verdict]:
     """Loss and each gradient by ``tolerance.judge_gradient`` against ``spec.backward``: exact (float64) and faithful
     in ``c.dtype`` (the ideal's error, the yardstick)."""
@@ -194,13 +184,14 @@ def test_golden_tiny_fp32_case(model32, params32):
     assert all(v.ok for v in verdicts.values()), {k: v.reason() for k, v in verdicts.items() if not v.ok}
 
 
-def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16):
+def test_pure_bf16_step_keeps_dtypes():
     """Both dtypes bf16: the moments fp32, the updated weights bf16, every weight moved."""
     src, tgt_in, tgt_out = _copy_task()
-    _restore(model_bf16, params_bf16)
-    state = impl_tf.init_train_state(model_bf16, TC)
-    impl_tf.train_step(model_bf16, state, src, tgt_in, tgt_out)
-    after = impl_tf.params_of(model_bf16)
+    model = impl_tf.Transformer(BF16, seed=0)
+    params_bf16 = impl_tf.params_of(model)
+    state = impl_tf.init_train_state(model, TC)
+    impl_tf.train_step(model, state, src, tgt_in, tgt_out)
+    after = impl_tf.params_of(model)
     assert all(m.dtype == tf.float32 for m in (*state.m.values(), *state.v.values()))
     assert all(str(p.dtype) == "bfloat16" for p in after.values())
     assert all(not np.array_equal(after[k], params_bf16[k]) for k in after)

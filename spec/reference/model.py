@@ -45,12 +45,20 @@ def causal_mask(start: int, n: int, length: int) -> np.ndarray:
     return (np.arange(length)[None, :] <= q_pos)[None]
 
 
-class Encoder:
+class Stack:
+    """``n`` layers of one kind under the canonical prefix ``name``, and the final LayerNorm of a pre-LN model
+    (section 3.1): what the encoder and decoder stacks share."""
+
+    def __init__(self, params: Params, c: Config, nx: Numerics, layer: type, name: str, n: int):
+        self.layers = [layer(params, f"{name}.layers.{i}", c, nx) for i in range(n)]
+        self.final_norm = LayerNorm(params, f"{name}.final_norm", c.layer_norm_eps, nx) if c.norm_first else None
+
+
+class Encoder(Stack):
     """The encoder stack (section 3.1), and the final LayerNorm of a pre-LN model."""
 
     def __init__(self, params: Params, c: Config, nx: Numerics):
-        self.layers = [EncoderLayer(params, f"encoder.layers.{i}", c, nx) for i in range(c.n_encoder_layers)]
-        self.final_norm = LayerNorm(params, "encoder.final_norm", c.layer_norm_eps, nx) if c.norm_first else None
+        super().__init__(params, c, nx, EncoderLayer, "encoder", c.n_encoder_layers)
 
     def forward(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """x (B, S, D), mask (B, 1, S) -> memory (B, S, D)."""
@@ -60,12 +68,11 @@ class Encoder:
         return x if self.final_norm is None else self.final_norm.forward(x)
 
 
-class Decoder:
+class Decoder(Stack):
     """The decoder stack (section 3.1), and the final LayerNorm of a pre-LN model."""
 
     def __init__(self, params: Params, c: Config, nx: Numerics):
-        self.layers = [DecoderLayer(params, f"decoder.layers.{i}", c, nx) for i in range(c.n_decoder_layers)]
-        self.final_norm = LayerNorm(params, "decoder.final_norm", c.layer_norm_eps, nx) if c.norm_first else None
+        super().__init__(params, c, nx, DecoderLayer, "decoder", c.n_decoder_layers)
 
     def forward(self, y: np.ndarray, cache: KVCache) -> tuple[np.ndarray, KVCache]:
         """n new positions y (B, n, D) at ``cache.length``.. (their ``key_mask`` written) -> (h (B, n, D), cache).

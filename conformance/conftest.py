@@ -126,7 +126,10 @@ class ReportPlugin:
         module, *_, func = report.nodeid.split("::")
         e = self._outcome(func.removeprefix("test_"), module, report)
         if report.when == "call":
-            e.update(tensors=dict(report.user_properties).get("tensors", []), duration=report.duration)
+            props = dict(report.user_properties)
+            e.update(tensors=props.get("tensors", []), duration=report.duration)
+            if "agreement" in props:  # {tensor: fraction bit-identical to the faithful reference}
+                e["agreement"] = props["agreement"]
 
     def _outcome(self, name: str, module: str, report) -> dict:
         """The check's entry, its outcome the worst of its phases' (a skip or an error in setup or

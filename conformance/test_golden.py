@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conformance import golden as G
-from spec import golden_cases, golden_training
+from spec import golden_cases, golden_training, tolerance
 from spec.training import TrainConfig
 
 
@@ -16,6 +16,19 @@ def test_golden_layer(case, model_for, record):
     missing = sorted(set(case.expected) - set(out))
     assert not missing, f"{case.meta['layer']} returned no {missing}"
     record({name: G.judge_tensor(case, name, out, {}) for name in case.expected})
+
+
+@pytest.mark.parametrize("case", [c for c in G.cases("layer") if c.faithful], ids=lambda c: c.name)
+def test_golden_rounding_points(case, model_for, record_property):
+    """A bf16 layer from given inputs equals the faithful reference bit for bit on at least
+    ``tolerance.AGREEMENT_MIN`` of its output: the lower bound, which sees a rounding skipped (or added) where the
+    error bounds cannot."""
+    out = model_for(case).run_layer(case.meta["layer"], case.meta["prefix"], case.inputs)
+    agree = {name: tolerance.agreement(out[name], f) for name, f in case.faithful.items()}
+    record_property("agreement", agree)
+    low = {name: round(a, 4) for name, a in agree.items() if a < tolerance.AGREEMENT_MIN}
+    assert not low, (f"bit-identical to the faithful reference on only {low} of the elements (at least "
+                     f"{tolerance.AGREEMENT_MIN}): a rounding of spec.numerics skipped or added")
 
 
 @pytest.mark.parametrize("case", G.cases("forward"), ids=lambda c: c.name)

@@ -27,7 +27,7 @@ def _case(dtype: str) -> G.Case:
 
 
 def _tol(case: G.Case) -> float:
-    return tolerance.logits_tolerance_abs(case.faithful("logits"))
+    return tolerance.logits_tolerance_abs(case.faithful_error("logits"))
 
 
 def _tokens(case: G.Case, seed: int, B: int, S: int, T: int) -> tuple[np.ndarray, np.ndarray]:

@@ -100,10 +100,14 @@ class Writer:
 
     def write(self, name: str, meta: dict, inputs: dict, expected: dict, c: Config, params: dict,
               seed: int, eos_boost: float | None = None, cancel_residual: bool = False,
-              embedding_scale: float | None = None) -> None:
+              embedding_scale: float | None = None, faithful: dict | None = None) -> None:
+        """One case folder: inputs, the exact ``expected`` tensors, with ``faithful`` the bf16-faithful reference's
+        values too (``faithful.safetensors``, for ``tolerance.AGREEMENT_MIN``), and ``meta.json``."""
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         files = {"inputs.safetensors": inputs, "expected.safetensors": expected}
+        if faithful is not None:
+            files["faithful.safetensors"] = faithful
         for fname, tensors in files.items():
             safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(d / fname))
         meta = {"case": name, "generator_version": GENERATOR_VERSION, "config": c.to_dict(),

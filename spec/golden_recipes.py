@@ -12,6 +12,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from spec import golden_search, golden_training
@@ -88,7 +89,9 @@ def _layer_case(w: Writer, layer: str, dtype: str, shifted: bool = False) -> Non
     faithful = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics(c.dtype))
     meta = {"kind": "layer", "layer": layer, "prefix": LAYER_PREFIX[layer],
             "tensors": faithful_stats(exact, faithful, c, {}, {}, unit=unit_of_layer_output(layer, c))}
-    w.write(name, meta, inputs, exact, c, params, seed)
+    rounded = dtype == "bfloat16" and unit_of_layer_output(layer, c) == "bfloat16"  # a bf16 rounding point
+    stored = {k: v.astype(ml_dtypes.bfloat16) for k, v in faithful.items()} if rounded else None  # exact casts
+    w.write(name, meta, inputs, exact, c, params, seed, faithful=stored)
 
 
 # ----------------------------------------------------------------- forward cases

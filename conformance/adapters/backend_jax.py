@@ -47,7 +47,7 @@ class JaxDialect(Dialect):
 
     def run(self, key, fn, *args):
         if key not in self._jitted:
-            self._jitted[key] = jax.jit(fn)
+            self._jitted[key] = impl_jax.numerics.jit(fn)  # with XLA_OPTIONS, as every impl_jax program
         return self._jitted[key](*args)
 
     def copy(self, impl, model):

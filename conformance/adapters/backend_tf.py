@@ -7,6 +7,7 @@ process-wide choice, not the library's.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import platform
 from pathlib import Path
@@ -46,9 +47,10 @@ class TFBackend:
     module = impl_tf
 
     def __init__(self):
-        # Entered for the life of the backend, i.e. the session; nothing closes the stack.
+        # Entered for the life of the backend, i.e. the session, and left at exit.
         self._session = contextlib.ExitStack()
         self._session.enter_context(impl_tf.numerics_scope())
+        atexit.register(self._session.close)  # restored at exit, before the interpreter tears modules down
 
     def load(self, path: Path) -> ImplModel:
         return ImplModel(impl_tf, impl_tf.load_weights(path), TFDialect())

@@ -9,6 +9,7 @@ the library's default, fp32 GEMMs of the upcast operands.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import platform
@@ -63,10 +64,11 @@ class TorchBackend:
     module = impl_torch
 
     def __init__(self):
-        # Entered for the life of the backend, i.e. the session: the stack holds the contexts (a generator context
-        # that is garbage-collected would exit, restoring the flags), and nothing closes it.
+        # Entered for the life of the backend, i.e. the session, and left at exit: the stack holds the contexts (a
+        # generator context that is garbage-collected would exit, restoring the flags).
         self._session = contextlib.ExitStack()
         self._session.enter_context(impl_torch.numerics_scope())  # TF32 off, fp32 reductions in bf16 GEMMs (CUDA)
+        atexit.register(self._session.close)  # restored at exit, before the interpreter tears modules down
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     def load(self, path: Path) -> ImplModel:

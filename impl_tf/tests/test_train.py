@@ -77,8 +77,18 @@ def model32():
 
 
 @pytest.fixture(scope="module")
+def model_bf16():
+    return impl_tf.Transformer(BF16, seed=0)
+
+
+@pytest.fixture(scope="module")
 def params32(model32):
     return impl_tf.params_of(model32)
+
+
+@pytest.fixture(scope="module")
+def params_bf16(model_bf16):
+    return impl_tf.params_of(model_bf16)
 
 
 @pytest.fixture(scope="module")
@@ -184,14 +194,13 @@ def test_golden_tiny_fp32_case(model32, params32):
     assert all(v.ok for v in verdicts.values()), {k: v.reason() for k, v in verdicts.items() if not v.ok}
 
 
-def test_pure_bf16_step_keeps_dtypes():
+def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16):
     """Both dtypes bf16: the moments fp32, the updated weights bf16, every weight moved."""
     src, tgt_in, tgt_out = _copy_task()
-    model = impl_tf.Transformer(BF16, seed=0)
-    params_bf16 = impl_tf.params_of(model)
-    state = impl_tf.init_train_state(model, TC)
-    impl_tf.train_step(model, state, src, tgt_in, tgt_out)
-    after = impl_tf.params_of(model)
+    _restore(model_bf16, params_bf16)
+    state = impl_tf.init_train_state(model_bf16, TC)
+    impl_tf.train_step(model_bf16, state, src, tgt_in, tgt_out)
+    after = impl_tf.params_of(model_bf16)
     assert all(m.dtype == tf.float32 for m in (*state.m.values(), *state.v.values()))
     assert all(str(p.dtype) == "bfloat16" for p in after.values())
     assert all(not np.array_equal(after[k], params_bf16[k]) for k in after)

@@ -3,10 +3,11 @@
 Each mutant replaces a function or method of ``spec.reference`` (its ``layers``
 and ``model``), ``spec.search`` or ``spec.training`` with a plausible bug:
 eleven break the paper's mathematics,
-four only the numerics contract (two round where the contract says not to,
+five only the numerics contract (two round where the contract says not to,
 proving the error bounds tight enough to see it; two skip or coarsen a rounding
 it asks for, the residual sum kept in fp32 and LayerNorm statistics in bf16,
-which only the agreement bound sees), five break
+which only the agreement bound sees; a softmax without its max subtraction,
+which only scores that overflow fp32 exp see), five break
 decoding (the search, the length penalty, the KV cache's positions, the special
 tokens), and five break training (label smoothing off, padding counted in the
 loss, Adam's beta2 0.999, no warmup, dropout left on in evaluation).

@@ -47,19 +47,28 @@ def _embed_unscaled(self, ids, start=0):
     return self.nx.act(self.table[ids] + pe)
 
 
-def _attention(q, k, v, mask, nx, scale, round_scores):
-    # layers.scaled_dot_product_attention with the mutants' two knobs
+def _attention(q, k, v, mask, nx, scale, round_scores, shift=True):
+    # layers.scaled_dot_product_attention with the mutants' three knobs
     k, v = (np.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (k, v))
     scores = np.einsum("bthk,bshk->bhts", q, k)
     scores = nx.acc((nx.act(scores) if round_scores else nx.acc(scores)) * nx.acc(scale))
     scores = np.where(mask[:, None], scores, MASKED_SCORE)
-    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = nx.act(nx.acc(e / e.sum(axis=-1, keepdims=True)))
+    if shift:
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    else:  # an fp32 exp of the raw scores: inf above 88.7, 0 at MASKED_SCORE
+        with np.errstate(over="ignore"):
+            e = nx.acc(np.exp(scores))
+    with np.errstate(invalid="ignore"):
+        probs = nx.act(nx.acc(e / e.sum(axis=-1, keepdims=True)))
     return nx.act(np.einsum("bhts,bshc->bthc", probs, v))
 
 
 def _scale_by_d_k(q, k, v, mask, nx):
     return _attention(q, k, v, mask, nx, 1.0 / q.shape[-1], round_scores=False)
+
+
+def _softmax_without_max_subtraction(q, k, v, mask, nx):
+    return _attention(q, k, v, mask, nx, 1.0 / np.sqrt(q.shape[-1]), round_scores=False, shift=False)
 
 
 def _scores_rounded_to_bf16(q, k, v, mask, nx):
@@ -215,6 +224,7 @@ MUTANTS: dict[str, tuple] = {
     "pe_positions_from_1": ("layers.positional_encoding", _pe_positions_from_one),
     "embedding_not_scaled_by_sqrt_d_model": ("layers.Embedder.encode", _embed_unscaled),
     "scores_divided_by_d_k": ("layers.scaled_dot_product_attention", _scale_by_d_k),
+    "softmax_without_max_subtraction": ("layers.scaled_dot_product_attention", _softmax_without_max_subtraction),
     "causal_mask_hides_diagonal": ("model.causal_mask", _causal_hides_diagonal),
     "cross_attention_kv_from_decoder": ("layers.DecoderLayer.__init__", _cross_attention_from_decoder),
     "pre_ln_instead_of_post_ln": (("layers.EncoderLayer.__init__", _pre_ln_encoder_layer),

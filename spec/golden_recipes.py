@@ -24,7 +24,7 @@ from spec.recording import recording
 
 # ----------------------------------------------------------------- layer cases
 
-def _layer_inputs(layer: str, c: Config, rng: np.random.Generator, shifted: bool = False) -> dict[str, np.ndarray]:
+def _layer_inputs(layer: str, c: Config, rng: np.random.Generator, variant: str = "") -> dict[str, np.ndarray]:
     act = np_dtype(c.dtype)
     B, S, T, D, H = 2, 7, 5, c.d_model, c.n_heads
     x = lambda *shape, scale=1.0: (scale * rng.standard_normal(shape)).astype(np.float32).astype(act)  # noqa: E731
@@ -39,12 +39,18 @@ def _layer_inputs(layer: str, c: Config, rng: np.random.Generator, shifted: bool
         # Scores of a few units, so the softmax is neither flat nor one-hot.
         mask = key_mask & np.ones((B, 1, T, S), bool)
         mask[0, 0] &= np.tril(np.ones((T, S), bool), k=1)  # row 0: a causal-style band
-        q, k = x(B, T, H, c.d_k, scale=1.0 if shifted else 1.5), x(B, S, H, c.d_k, scale=1.0 if shifted else 1.5)
-        if shifted:
+        q, k = x(B, T, H, c.d_k, scale=1.0 if variant else 1.5), x(B, S, H, c.d_k, scale=1.0 if variant else 1.5)
+        if variant == "shifted":
             # Every score gets a common offset q_0 k_0 = 144. Softmax is shift-invariant, so the exact
             # result keeps its O(1) spread; a bf16 ulp at 144 is 1, so scores rounded to bf16 (against
             # rule 4 of the contract) lose it: measured 3.4x over the max and 5.5x over the RMS allowance.
             q[..., 0], k[..., 0] = 12.0, 12.0
+        if variant == "overflow":
+            # A common offset q_0 k_0 / sqrt(d_k) = 225 overflows an unshifted fp32 exp (above 88.7) where the
+            # max-subtracted softmax of rule 4 is exact; beside it a query whose every key is masked, whose
+            # scores are all MASKED_SCORE: uniform weights, where exp(MASKED_SCORE) / sum is 0 / 0.
+            q[..., 0], k[..., 0] = 30.0, 30.0
+            mask[1, 0, 0] = False
         return {"q": q, "k": k, "v": x(B, S, H, c.d_v), "mask": mask}
     if layer == "multi_head_attention":
         return {"x_q": x(B, T, D), "x_kv": x(B, S, D), "mask": key_mask}
@@ -78,11 +84,11 @@ LAYER_PREFIX = {
 }
 
 
-def _layer_case(w: Writer, layer: str, dtype: str, shifted: bool = False) -> None:
-    name = f"layer_{layer}_{'shifted_' if shifted else ''}{dtype}"
+def _layer_case(w: Writer, layer: str, dtype: str, variant: str = "") -> None:
+    name = f"layer_{layer}_{variant + '_' if variant else ''}{dtype}"
     c, seed = config("tiny", dtype), 11
     params = make_params(c, seed)
-    inputs = _layer_inputs(layer, c, np.random.default_rng(zlib.crc32(name.encode())), shifted)
+    inputs = _layer_inputs(layer, c, np.random.default_rng(zlib.crc32(name.encode())), variant)
     P = ref.as_float64(params, c)
     I = {k: v if v.dtype.kind in "bi" else v.astype(np.float64) for k, v in inputs.items()}  # ids, masks as they are
     exact = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics("exact"))
@@ -152,7 +158,8 @@ def generate(root: Path) -> None:
     for dtype in ("bfloat16", "float32"):
         for layer in LAYERS[1:]:
             _layer_case(w, layer, dtype)
-    _layer_case(w, "scaled_dot_product_attention", "bfloat16", shifted=True)
+    _layer_case(w, "scaled_dot_product_attention", "bfloat16", variant="shifted")
+    _layer_case(w, "scaled_dot_product_attention", "bfloat16", variant="overflow")
     _forward_case(w, "forward_tiny_bfloat16", "tiny", "bfloat16", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_float32", "tiny", "float32", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_prenorm_bfloat16", "tiny_prenorm", "bfloat16", 2, [8, 8], 8, [6, 6], 6)

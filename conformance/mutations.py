@@ -29,8 +29,8 @@ def resolve(path: str):
 _original = {target: resolve(target) for target in (
     "layers.positional_encoding", "layers.Embedder.encode", "layers.Embedder.decode",
     "layers.scaled_dot_product_attention", "layers.LayerNorm.__init__", "layers.EncoderLayer.__init__",
-    "layers.DecoderLayer.__init__", "search.length_penalty", "training.label_smoothed_cross_entropy",
-    "training.loss_gradient", "training.adam_update")}
+    "layers.DecoderLayer.__init__", "search.length_penalty", "search.greedy_search",
+    "training.label_smoothed_cross_entropy", "training.loss_gradient", "training.adam_update")}
 
 
 def _pe_sin_cos_swapped(length, d_model):
@@ -177,6 +177,12 @@ def _incremental_positions_plus_1(self, ids, start=0):
     return _original["layers.Embedder.encode"](self, ids, start + 1 if start > 0 else start)
 
 
+def _greedy_writes_after_eos(params, src, c, nx, max_new_tokens=None, trace=None):
+    out = _original["search.greedy_search"](params, src, c, nx, max_new_tokens, trace)
+    ended = np.cumsum(np.cumsum(out == c.eos_id, axis=1), axis=1) > 1  # after a row's first EOS
+    return np.where(ended, c.eos_id, out)  # the row goes on writing (EOS) until the longest ends: no padding
+
+
 def _may_emit_special(scores, c):
     return scores
 
@@ -243,6 +249,7 @@ MUTANTS: dict[str, tuple] = {
     "beam_top_k_not_2k_candidates": ("search.candidate_count", _top_k_candidates),
     "incremental_decoding_positions_plus_1": ("layers.Embedder.encode", _incremental_positions_plus_1),
     "search_may_emit_pad_or_bos": ("search.forbid_special", _may_emit_special),
+    "greedy_writes_after_eos": ("search.greedy_search", _greedy_writes_after_eos),
     "dropout_left_on_in_evaluation": ("layers.Embedder.encode", _dropout_in_evaluation),
     "label_smoothing_off": (("training.label_smoothed_cross_entropy", _loss_without_label_smoothing),
                             ("training.loss_gradient", _loss_gradient_without_label_smoothing)),

@@ -128,8 +128,9 @@ class ReportPlugin:
         if report.when == "call":
             props = dict(report.user_properties)
             e.update(tensors=props.get("tensors", []), duration=report.duration)
-            if "agreement" in props:  # {tensor: fraction bit-identical to the faithful reference}
-                e["agreement"] = props["agreement"]
+            for key in ("agreement", "bf16_representable"):  # spec.agreement's observations, per tensor
+                if key in props:
+                    e[key] = props[key]
 
     def _outcome(self, name: str, module: str, report) -> dict:
         """The check's entry, its outcome the worst of its phases' (a skip or an error in setup or

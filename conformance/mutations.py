@@ -9,12 +9,12 @@ import dataclasses
 
 import numpy as np
 
-from spec import search, training
+from spec import backward, search, training
 from spec.numerics import MASKED_SCORE
 from spec.reference import layers, model
 from spec.reference.numerics import linear
 
-_ROOTS = {"layers": layers, "model": model, "search": search, "training": training}
+_ROOTS = {"layers": layers, "model": model, "search": search, "training": training, "backward": backward}
 
 
 def resolve(path: str):
@@ -151,6 +151,10 @@ def _layer_norm_statistics_in_activation_dtype(self, x):
     return nx.act((x - mu) / np.sqrt(var + self.eps) * self.scale + self.bias)
 
 
+def _weight_gradients_in_bf16(grads, name, contribution, nx):
+    grads[name] = nx.act(grads[name] + nx.act(contribution))  # parameter gradients must be fp32 (spec.backward)
+
+
 def _untied_output(self, x):
     rng = np.random.default_rng(0)  # an output matrix of the right shape and scale that is not the embedding
     w = rng.uniform(-1, 1, self.table.shape) * np.sqrt(3.0 / self.table.shape[1])
@@ -255,6 +259,7 @@ MUTANTS: dict[str, tuple] = {
                             ("training.loss_gradient", _loss_gradient_without_label_smoothing)),
     "padding_counted_in_loss": (("training.label_smoothed_cross_entropy", _loss_counting_padding),
                                 ("training.loss_gradient", _loss_gradient_counting_padding)),
+    "weight_gradients_in_bf16": ("backward._accumulate", _weight_gradients_in_bf16),
     "adam_beta2_0.999": ("training.adam_update", _adam_beta2_0999),
     "schedule_without_warmup": ("training.learning_rate", _schedule_without_warmup),
 }

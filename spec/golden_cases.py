@@ -102,7 +102,7 @@ class Writer:
               seed: int, eos_boost: float | None = None, cancel_residual: bool = False,
               embedding_scale: float | None = None, faithful: dict | None = None) -> None:
         """One case folder: inputs, the exact ``expected`` tensors, with ``faithful`` the bf16-faithful reference's
-        values too (``faithful.safetensors``, for ``tolerance.AGREEMENT_MIN``), and ``meta.json``."""
+        values too (``faithful.safetensors``, for ``spec.agreement``), and ``meta.json``."""
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         files = {"inputs.safetensors": inputs, "expected.safetensors": expected}

@@ -7,7 +7,6 @@ dominates (each training program takes seconds on two cores).
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import jax
@@ -174,16 +173,14 @@ def test_dropout_masks_come_from_the_state():
 
 
 def test_the_model_learns_the_copy_task():
-    """80 steps of the copy task with dropout 0.1: the loss falls below half its first value.
-    Measured: 4.45 -> 1.04 (0.23 of it), 80 steps in 0.5 s after compilation."""
+    """80 steps of the copy task with dropout 0.1: the loss falls below half its first value."""
     m = T.Transformer(DROP, seed=0)
     state = T.init_train_state(m, TC, seed=0)
-    start, losses = time.perf_counter(), []
+    losses = []
     for _ in range(80):
         loss, m, state = T.train_step(m, state, COPY, COPY_IN, COPY)
         losses.append(float(loss))
     assert losses[-1] < 0.5 * losses[0], losses[::10]
-    assert time.perf_counter() - start < 15.0
 
 
 def test_train_state_round_trip(tmp_path):

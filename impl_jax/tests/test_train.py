@@ -66,7 +66,7 @@ def test_mixed_gradients_are_fp32_master_gradients():
     bf16-rounded weights. Measured on seed 1: worst 2.2x the faithful error (56 bf16 ulps max, 4.2 RMS at the
     tensor's scale). Seeds 0 and 2 put a ReLU pre-activation within a bf16 flip of zero (|h| ~ 0.002, float64
     -5e-5), where XLA's excess precision (bf16 roundings it elides inside the jitted forward, evaluation's too)
-    lands on the other side of the kink than the faithful reference; see the report of issue 11."""
+    lands on the other side of the kink than the faithful reference."""
     m = T.Transformer(MIXED, seed=1)
     _, grads = T.loss_and_gradients(m, SRC, TGT_IN, TGT_OUT)
     assert all(g.dtype == jnp.float32 and np.isfinite(np.asarray(g)).all() for g in grads.values())

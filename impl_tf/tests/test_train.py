@@ -1,4 +1,4 @@
-"""Training (issue 11, ``spec.training``; sections 5.3, 5.4): gradients against ``spec.backward``, Adam steps against
+"""Training (``spec.training``; sections 5.3, 5.4): gradients against ``spec.backward``, Adam steps against
 ``spec.training.adam_update``, dropout, a model that learns, the train-state file, bad input, no global state.
 
 Values are judged by ``spec.tolerance``'s training policy against the float64 ``spec.backward`` / ``adam_update``,

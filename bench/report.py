@@ -86,7 +86,7 @@ def _ratio(x: float | None, target: float | None = None, at_most: bool = True) -
 def report(runs: list[dict[str, Any]], charts: list[str]) -> str:
     """The whole report: machine and versions, then one table per workload, then the targets."""
     parts = ["# Speed: every backend beside its framework's stock Transformer", "", environment(runs), "",
-             "## Targets (issue 10)", "", targets(runs), "",
+             "## Targets", "", targets(runs), "",
              "## Teacher-forced forward", "", timed_table(runs, "forward"), "",
              "## Generation", "", generation_table(runs), "",
              "## How forward time grows with length (S = T)", "", scaling_table(runs), "",

@@ -1,4 +1,4 @@
-"""Data-parallel scaling on paper (issue 13): the step time and efficiency of ``base`` on G GPUs with NVLink.
+"""Data-parallel scaling on paper: the step time and efficiency of ``base`` on G GPUs with NVLink.
 
     python -m bench.scaling_model [--gpus 8] [--utilisation 0.3,0.5] [--bus-gb-per-s 450]
 

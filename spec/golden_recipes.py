@@ -95,7 +95,7 @@ def _layer_case(w: Writer, layer: str, dtype: str, variant: str = "") -> None:
     faithful = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics(c.dtype))
     meta = {"kind": "layer", "layer": layer, "prefix": LAYER_PREFIX[layer],
             "tensors": faithful_stats(exact, faithful, c, {}, {}, unit=unit_of_layer_output(layer, c))}
-    rounded = dtype == "bfloat16" and unit_of_layer_output(layer, c) == "bfloat16"  # a bf16 rounding point
+    rounded = unit_of_layer_output(layer, c) == "bfloat16"  # a bf16 rounding point (a bf16 config's activation)
     stored = {k: v.astype(ml_dtypes.bfloat16) for k, v in faithful.items()} if rounded else None  # exact casts
     w.write(name, meta, inputs, exact, c, params, seed, faithful=stored)
 

@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -39,7 +41,21 @@ REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
 nox.options.sessions = ["conformance"]
 
 
-@nox.session
+def session(func):
+    """``nox.session`` that removes the session's virtualenv when it ends (unless reused with ``-r``): a run of
+    every session then needs the disk of its largest virtualenv (about 3 GB), not of all of them (about 16 GB)."""
+    @functools.wraps(func)
+    def run(session: nox.Session, *args, **kwargs) -> None:
+        try:
+            func(session, *args, **kwargs)
+        finally:
+            venv = session.virtualenv
+            if not getattr(venv, "reuse_existing", True) and getattr(venv, "location", None):
+                shutil.rmtree(venv.location, ignore_errors=True)
+    return nox.session(run)
+
+
+@session
 def conformance(session: nox.Session) -> None:
     """The conformance suite on every backend, in parallel (``tools.conformance``); positional arguments choose
     backends, arguments after a second ``--`` go to pytest. The installed suite runs against the installed packages
@@ -49,7 +65,7 @@ def conformance(session: nox.Session) -> None:
     session.run("python", "-m", "tools.conformance", "--report-dir", str(REPORTS), *session.posargs)
 
 
-@nox.session
+@session
 def report(session: nox.Session) -> None:
     """The combined table of every backend run by this nox invocation."""
     files = sorted(REPORTS.glob("conformance-*.json"))
@@ -59,7 +75,7 @@ def report(session: nox.Session) -> None:
     session.run("python", "conformance/report.py", *map(str, files), "--out", str(REPORTS))
 
 
-@nox.session
+@session
 @nox.parametrize("framework", [b for b in BACKENDS if b != "reference"])
 def bench(session: nox.Session, framework: str) -> None:
     """Speed of one framework's impl beside its stock peer (``bench.run``), in a virtualenv holding only that
@@ -70,7 +86,7 @@ def bench(session: nox.Session, framework: str) -> None:
                 *session.posargs)
 
 
-@nox.session
+@session
 def bench_report(session: nox.Session) -> None:
     """This run's bench files merged: JSON, Markdown, charts; after a full run, docs/speed.md's section."""
     files = sorted((REPORTS / "bench").glob("bench-*.json"))
@@ -81,7 +97,7 @@ def bench_report(session: nox.Session) -> None:
                 "--doc", str(ROOT / "docs" / "speed.md"))
 
 
-@nox.session
+@session
 @nox.parametrize("backend", [b for b in BACKENDS if b != "reference"])
 def train_demo(session: nox.Session, backend: str) -> None:
     """One framework trains the demo's model on the reverse task (``tools.train_demo``, the task ``spec.demo``) from
@@ -93,7 +109,7 @@ def train_demo(session: nox.Session, backend: str) -> None:
                 "--out", str(REPORTS / "train_demo" / f"{backend}.json"), "--min-accuracy", "0.99", *session.posargs)
 
 
-@nox.session
+@session
 def train_demo_report(session: nox.Session) -> None:
     """This run's training demos: one PNG of the loss curves, one JSON of the accuracies and times; after a run of
     every framework, both copied to docs/train_demo/ for docs/training.md (``tools.train_report``)."""
@@ -105,7 +121,7 @@ def train_demo_report(session: nox.Session) -> None:
     session.run("python", "-m", "tools.train_report", *map(str, files), "--out", str(REPORTS / "train_demo"))
 
 
-@nox.session
+@session
 @nox.parametrize("backend", [b for b in BACKENDS if b != "reference"])
 def train_dp(session: nox.Session, backend: str) -> None:
     """Data-parallel training on the framework's own engine (``conformance/test_data_parallel.py``): two workers
@@ -118,7 +134,7 @@ def train_dp(session: nox.Session, backend: str) -> None:
 TEXT = ["./spec", "./conformance", "./text", "./impl_torch", "./impl_jax", "./impl_tf[cpu]"]
 
 
-@nox.session
+@session
 def text(session: nox.Session) -> None:
     """The tools in every backend (``tools/tests``): the text layer (corpus -> tokenizer -> training -> translation
     -> BLEU, one checkpoint translated by all three; the torch peer) and the training demo's short run in each impl;
@@ -127,7 +143,7 @@ def text(session: nox.Session) -> None:
     session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
 
 
-@nox.session
+@session
 def translate_demo(session: nox.Session) -> None:
     """English -> German from the system's gettext catalogs in every backend and the torch peer
     (``tools.translate_demo``); a run with the defaults also copies its report to docs/translate/ and rewrites the
@@ -143,7 +159,7 @@ def translate_demo(session: nox.Session) -> None:
             (docs / name).write_bytes((out / name).read_bytes())
 
 
-@nox.session
+@session
 @nox.parametrize("package", ["spec", "text", "bench", *[f"impl_{b}" for b in BACKENDS if b != "reference"]])
 def tests(session: nox.Session, package: str) -> None:
     """One package as a user gets it: its wheel (no file URL in its metadata) installed with its dependencies
@@ -187,21 +203,21 @@ def _readme_examples(package: str) -> list[str]:
             for b in blocks if common in b or re.search(rf"^import {package}\b", b, re.M)]
 
 
-@nox.session
+@session
 def mutants(session: nox.Session) -> None:
     """Every mutant of the reference must fail the conformance suite; prints which checks caught each."""
     session.install(*CONSTRAINTS, "./spec", "./conformance")
     session.run("python", "-m", "conformance.mutants", "--report-dir", str(REPORTS / "mutants"), *session.posargs)
 
 
-@nox.session
+@session
 def golden(session: nox.Session) -> None:
     """Write spec/golden; with `-- --check`, regenerate in a temp dir and compare bit for bit."""
     session.install(*CONSTRAINTS, "./spec")
     session.run("python", "-m", "tools.golden", "--out", str(ROOT / "spec" / "golden"), *session.posargs)
 
 
-@nox.session
+@session
 def lint(session: nox.Session) -> None:
     """ruff, then the impls' shared skeleton (``tools.skeleton``: the same files and definitions in the same order)."""
     session.install(*CONSTRAINTS, "ruff")

@@ -8,9 +8,10 @@ two skip or coarsen a rounding it asks for, the residual sum kept in fp32 and
 LayerNorm statistics in bf16, which only the agreement bound sees; a softmax
 without its max subtraction, which only scores that overflow fp32 exp see); six
 break decoding (the search, the length penalty, the KV cache's positions, the
-special tokens, a greedy search that writes on after a row's EOS); and six
+special tokens, a greedy search that writes on after a row's EOS); and seven
 break training (label smoothing off, padding counted in the loss, Adam's beta2
-0.999, no warmup, dropout left on in evaluation, weight gradients rounded to
+0.999, no warmup, dropout left on in evaluation, dropout applied after the
+residual sum, which only the dropout check sees, weight gradients rounded to
 bf16 in mixed precision).
 The suite runs against the mutated reference backend (``--mutant NAME``), in a
 subprocess per mutant, and must fail; the table names the checks that caught it.

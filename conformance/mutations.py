@@ -133,6 +133,9 @@ class _ResidualInFp32:
     def act(self, x):
         return self.nx.acc(x)
 
+    def acc(self, x):
+        return self.nx.acc(x)
+
 
 def _residual_in_fp32_encoder(self, params, prefix, c, nx):
     _original["layers.EncoderLayer.__init__"](self, params, prefix, c, nx)
@@ -197,6 +200,15 @@ def _dropout_in_evaluation(self, ids, start=0):
     return self.nx.act(x * keep / (1.0 - rate))
 
 
+def _dropout_after_residual_sum(self, x, mask, rng=None):
+    attn = lambda h: self.self_attn.forward(h, self.self_attn.project_kv(h), mask)  # noqa: E731
+    for name, sublayer, norm in (("self_attn", attn, self.self_attn_norm), ("ffn", self.ffn.forward, self.ffn_norm)):
+        h = sublayer(norm.forward(x) if self.norm_first else x)
+        x = layers.dropout(self.nx.act(x + h), name, self.rate, rng, self.nx)  # section 5.4 drops h, before the sum
+        x = layers.record(f"{name}.residual", x if self.norm_first else norm.forward(x))
+    return x
+
+
 def _loss_without_label_smoothing(logits, tgt_out, c, label_smoothing):
     return _original["training.label_smoothed_cross_entropy"](logits, tgt_out, c, 0.0)
 
@@ -254,6 +266,7 @@ MUTANTS: dict[str, tuple] = {
     "incremental_decoding_positions_plus_1": ("layers.Embedder.encode", _incremental_positions_plus_1),
     "search_may_emit_pad_or_bos": ("search.forbid_special", _may_emit_special),
     "greedy_writes_after_eos": ("search.greedy_search", _greedy_writes_after_eos),
+    "dropout_after_residual_sum": ("layers.EncoderLayer.forward", _dropout_after_residual_sum),
     "dropout_left_on_in_evaluation": ("layers.Embedder.encode", _dropout_in_evaluation),
     "label_smoothing_off": (("training.label_smoothed_cross_entropy", _loss_without_label_smoothing),
                             ("training.loss_gradient", _loss_gradient_without_label_smoothing)),

@@ -5,8 +5,7 @@ database, no shrinking): a config (heads 1/3/5, d_k and d_v independent, 1-3 lay
 pre- or post-LN, bf16 or fp32 activations with parameters stored in either dtype: ``spec.numerics``
 rule 0; a small vocabulary, ``max_len`` just above the input lengths), observable weights from a
 seed, and right-padded inputs. The float64 ("exact") and contract-faithful references are computed
-live, from private copies of ``spec.reference`` and ``spec.search`` (``--mutant`` patches the shared
-modules: it must reach the backend under test, never the oracle). Per example, as the golden cases:
+live, by ``conformance.oracle`` (private copies that ``--mutant`` never reaches). Per example, as the golden cases:
 
 * logits of ``forward(src, tgt_in)`` at non-pad target positions: ``spec.tolerance.judge`` against
   exact, given the faithful reference's own error at the same positions;
@@ -30,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +38,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from conformance.oracle import ref, search
 from spec import tolerance
 from spec.config import DTYPES, Config
 from spec.golden_cases import valid_rows
@@ -56,26 +55,6 @@ SEED = 20240611
 Params = dict[str, np.ndarray]
 
 
-def _private_copy(name: str):
-    """A fresh instance of a spec module, or of a package with its submodules. ``--mutant`` patches the shared
-    ``spec.reference`` (its ``layers`` and ``model``) and ``spec.search`` for the reference backend under test;
-    the live oracle must stay the spec."""
-    ours = [n for n in sys.modules if n == name or n.startswith(f"{name}.")]
-    shared = {n: sys.modules.pop(n) for n in ours}
-    try:
-        return importlib.import_module(name)
-    finally:
-        for n in [n for n in sys.modules if n == name or n.startswith(f"{name}.")]:
-            del sys.modules[n]
-        sys.modules.update(shared)
-        parent, _, child = name.rpartition(".")
-        if name in shared:  # the import bound the fresh copy on its parent package: bind the shared one again
-            setattr(sys.modules[parent], child, shared[name])
-
-
-ref = _private_copy("spec.reference")
-search = _private_copy("spec.search")
-search.ref = ref
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,7 +73,8 @@ class Model(Protocol):
 
         Args:
             src: (B, S) int token ids; tgt_in: (B, T) int, the targets shifted right (BOS first).
-            intermediates: also return the tensors of ``spec.shapes.intermediates``.
+            intermediates: also return the tensors of ``spec.shapes.intermediates`` (with dropout, ``dropout=True``:
+                each site's keep mask too).
         Returns:
             logits (B, T, V) float32; with ``intermediates``, ``(logits, {name: tensor})``.
         Raises:

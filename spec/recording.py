@@ -51,3 +51,8 @@ def record(name: str, x: X) -> X:
     if rec is not None:
         rec[_SCOPE.get() + name] = x
     return x
+
+
+def scoped(name: str) -> str:
+    """``name`` as ``record`` would store it here: prefixed with the enclosing scopes."""
+    return _SCOPE.get() + name

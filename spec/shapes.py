@@ -68,9 +68,22 @@ def resolve(entry: Entry, c: Config, **dims: int) -> tuple[tuple[int, ...], str]
     return shape, c.dtype if dtype == "act" else dtype
 
 
-def intermediates(c: Config, B: int, S: int, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
+def dropout_sites(c: Config) -> list[str]:
+    """Where dropout applies in training (section 5.4, ``spec.training``), in the order a forward reaches them: the
+    embedding sums of both stacks and every sublayer's output, before its residual sum; never attention weights."""
+    sites = ["src_embed"]
+    sites += [f"encoder.layers.{i}.{sub}" for i in range(c.n_encoder_layers) for sub in ("self_attn", "ffn")]
+    sites += ["tgt_embed"]
+    sites += [f"decoder.layers.{i}.{sub}" for i in range(c.n_decoder_layers)
+              for sub in ("self_attn", "cross_attn", "ffn")]
+    return sites
+
+
+def intermediates(c: Config, B: int, S: int, T: int, dropout: bool = False
+                  ) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every tensor a full forward records (``spec.reference.forward`` inside ``spec.recording.recording()``):
-    name -> (shape, dtype)."""
+    name -> (shape, dtype). A dropout site's tensor is its value after dropout; a forward with dropout (an ``rng``,
+    ``dropout``) also records each site's keep mask as ``<site>.keep``, bool, True where the element was kept."""
     act, out = c.dtype, {}
     out["src_embed"] = ((B, S, c.d_model), act)
     for i in range(c.n_encoder_layers):
@@ -87,6 +100,8 @@ def intermediates(c: Config, B: int, S: int, T: int) -> dict[str, tuple[tuple[in
         out[f"decoder.layers.{i}.out"] = ((B, T, c.d_model), act)
     out["decoder.out"] = ((B, T, c.d_model), act)
     out["logits"] = ((B, T, c.vocab_size), "float32")
+    if dropout:
+        out.update({f"{site}.keep": (out[site][0], "bool") for site in dropout_sites(c)})
     return out
 
 

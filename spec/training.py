@@ -31,8 +31,11 @@ bf16 (both bfloat16; Adam's state and update still fp32, the updated weight roun
 
 Dropout (section 5.4) at rate ``config.dropout`` in training mode only: on the output of every sub-layer before
 the residual add (and before the norm), and on the sums of embeddings and positional encodings in both stacks.
-Kept values are scaled by 1 / (1 - rate) (inverted dropout), so evaluation is the identity (rule 8). Masks are a
-backend's own random draws; every comparison of values across backends runs with dropout off.
+Kept values are divided by 1 - rate (inverted dropout: the divisor rounded to fp32, the quotient computed in fp32 and
+rounded once to the activation dtype), so evaluation is the identity (rule 8). The sites, in order:
+``spec.shapes.dropout_sites``. Masks are a backend's own random draws; a forward with intermediates records each
+site's value after dropout and its keep mask as ``<site>.keep``, so that ``conformance/test_dropout.py`` judges a
+training-mode forward against the reference replaying the backend's own masks (``spec.reference.layers.dropout``).
 """
 
 from __future__ import annotations

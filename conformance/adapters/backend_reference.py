@@ -33,10 +33,13 @@ class ReferenceModel:
     def _out(self, x: np.ndarray) -> np.ndarray:
         return x.astype(self._nx.act_dtype)
 
-    def forward(self, src, tgt_in, intermediates=False):
-        out = self._model.forward(validate.host_ids("src", src), validate.host_ids("tgt_in", tgt_in), intermediates)
+    def forward(self, src, tgt_in, intermediates=False, dropout_seed=None):
+        rng = None if dropout_seed is None else np.random.default_rng(dropout_seed)
+        out = self._model.forward(validate.host_ids("src", src), validate.host_ids("tgt_in", tgt_in), intermediates,
+                                  rng=rng)
         logits, rec = out if intermediates else (out, {})
-        inter = {k: (v.astype(np.float32) if k == "logits" else self._out(v)) for k, v in rec.items()}
+        inter = {k: v if v.dtype == bool else v.astype(np.float32) if k == "logits" else self._out(v)
+                 for k, v in rec.items()}
         return logits.astype(np.float32), inter
 
     def encode(self, src):

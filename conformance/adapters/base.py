@@ -27,10 +27,12 @@ class Model(Protocol):
 
     config: Config
 
-    def forward(self, src: np.ndarray, tgt_in: np.ndarray, intermediates: bool = False
-                ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def forward(self, src: np.ndarray, tgt_in: np.ndarray, intermediates: bool = False,
+                dropout_seed: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Teacher-forced forward: src (B, S), tgt_in (B, T) -> logits (B, T, V) float32, and,
-        if ``intermediates``, the tensors of ``spec.shapes.intermediates`` by name (else {})."""
+        if ``intermediates``, the tensors of ``spec.shapes.intermediates`` by name (else {}). With a
+        ``dropout_seed``, in training mode: dropout from the backend's own RNG seeded from it (the keep masks
+        recorded as ``<site>.keep``)."""
 
     def encode(self, src: np.ndarray) -> np.ndarray:
         """src (B, S) -> memory (B, S, D)."""

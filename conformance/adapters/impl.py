@@ -53,6 +53,10 @@ class Dialect:
         """Keyword arguments of the impl's ``scaled_dot_product_attention`` for ``model``'s device."""
         return {}
 
+    def rng(self, seed: int, model: Any) -> Any:
+        """The impl's dropout RNG (the ``rng=`` of its forward) seeded from ``seed``, where ``model`` computes."""
+        raise NotImplementedError
+
     def evaluating(self) -> contextlib.AbstractContextManager:
         """The context of an evaluation call through the API (torch: no autograd records)."""
         return contextlib.nullcontext()
@@ -86,11 +90,12 @@ class ImplModel:
         self.config: Config = model.config
         self.modules = dialect.layers_of(model)
 
-    def forward(self, src, tgt_in, intermediates=False):
+    def forward(self, src, tgt_in, intermediates=False, dropout_seed=None):
+        rng = {} if dropout_seed is None else {"rng": self.d.rng(dropout_seed, self.model)}
         with self.d.evaluating():
             if not intermediates:
-                return self.d.array(self.model(src, tgt_in)), {}
-            logits, inter = self.model(src, tgt_in, intermediates=True)
+                return self.d.array(self.model(src, tgt_in, **rng)), {}
+            logits, inter = self.model(src, tgt_in, intermediates=True, **rng)
             return self.d.array(logits), {k: self.d.array(v) for k, v in inter.items()}
 
     def encode(self, src):

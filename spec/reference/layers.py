@@ -2,21 +2,38 @@
 
 Shape letters of ``spec.config``. Each layer holds float64 views of its canonical parameters (``as_float64``)
 and the ``Numerics`` that says where it rounds (``spec.reference.numerics``). Queries are laid out (B, L, H, K);
-keys and values heads-major (B, H, L, K), the KV cache's layout (``spec.api``). No dropout: the reference
-computes in evaluation mode. The mutation test (``conformance.mutants``) replaces these functions and methods
-one at a time, so every call goes through the module or the class.
+keys and values heads-major (B, H, L, K), the KV cache's layout (``spec.api``). Dropout (``dropout``) only where
+a forward is given an ``rng``: evaluation otherwise. The mutation test (``conformance.mutants``) replaces these
+functions and methods one at a time, so every call goes through the module or the class.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from spec.config import Config
 from spec.numerics import MASKED_SCORE, Numerics
-from spec.recording import record
+from spec.recording import record, scoped
 from spec.reference.numerics import linear, logits, matmul_f32
 
 Params = dict[str, np.ndarray]
+# Dropout's source of masks: None (evaluation), a NumPy generator (draws), or {scoped "<site>.keep": mask} (replays
+# the masks another forward recorded).
+Rng = np.random.Generator | Mapping[str, np.ndarray] | None
+
+
+def dropout(x: np.ndarray, site: str, rate: float, rng: Rng, nx: Numerics) -> np.ndarray:
+    """Inverted dropout at a dropout site (section 5.4, ``spec.shapes.dropout_sites``): x (B, L, D) -> (B, L, D),
+    each element kept with probability 1 - rate and divided by 1 - rate in fp32 (the divisor rounded to fp32), the
+    quotient rounded once to the activation dtype; the identity without ``rng`` or at rate 0. Records the result as
+    ``site`` and, with dropout, the keep mask as ``<site>.keep``."""
+    if rng is None or rate == 0.0:
+        return record(site, x)
+    keep = np.asarray(rng[scoped(f"{site}.keep")] if isinstance(rng, Mapping) else rng.random(x.shape) >= rate, bool)
+    record(f"{site}.keep", keep)
+    return record(site, np.where(keep, nx.act(nx.acc(x) / nx.acc(1.0 - rate)), 0.0))
 
 
 def positional_encoding(length: int, d_model: int) -> np.ndarray:
@@ -117,16 +134,16 @@ class EncoderLayer:
         self.self_attn_norm = LayerNorm(params, f"{prefix}.self_attn_norm", c.layer_norm_eps, nx)
         self.ffn = FeedForward(params, f"{prefix}.ffn", nx)
         self.ffn_norm = LayerNorm(params, f"{prefix}.ffn_norm", c.layer_norm_eps, nx)
-        self.norm_first, self.nx = c.norm_first, nx
+        self.norm_first, self.rate, self.nx = c.norm_first, c.dropout, nx
 
-    def forward(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """x (B, S, D), mask (B, 1, S) key padding mask."""
+    def forward(self, x: np.ndarray, mask: np.ndarray, rng: Rng = None) -> np.ndarray:
+        """x (B, S, D), mask (B, 1, S) key padding mask; dropout from ``rng``."""
         h = self.self_attn_norm.forward(x) if self.norm_first else x
-        h = record("self_attn", self.self_attn.forward(h, self.self_attn.project_kv(h), mask))
-        x = self.nx.act(x + h)
+        h = self.self_attn.forward(h, self.self_attn.project_kv(h), mask)
+        x = self.nx.act(x + dropout(h, "self_attn", self.rate, rng, self.nx))
         x = record("self_attn.residual", x if self.norm_first else self.self_attn_norm.forward(x))
-        h = record("ffn", self.ffn.forward(self.ffn_norm.forward(x) if self.norm_first else x))
-        x = self.nx.act(x + h)
+        h = self.ffn.forward(self.ffn_norm.forward(x) if self.norm_first else x)
+        x = self.nx.act(x + dropout(h, "ffn", self.rate, rng, self.nx))
         return record("ffn.residual", x if self.norm_first else self.ffn_norm.forward(x))
 
 
@@ -141,30 +158,28 @@ class DecoderLayer:
         self.cross_attn_norm = LayerNorm(params, f"{prefix}.cross_attn_norm", c.layer_norm_eps, nx)
         self.ffn = FeedForward(params, f"{prefix}.ffn", nx)
         self.ffn_norm = LayerNorm(params, f"{prefix}.ffn_norm", c.layer_norm_eps, nx)
-        self.norm_first, self.nx = c.norm_first, nx
+        self.norm_first, self.rate, self.nx = c.norm_first, c.dropout, nx
 
     def forward(self, y: np.ndarray, self_kv: tuple[np.ndarray, np.ndarray], self_mask: np.ndarray,
-                memory_kv: tuple[np.ndarray, np.ndarray], memory_mask: np.ndarray, start: int
+                memory_kv: tuple[np.ndarray, np.ndarray], memory_mask: np.ndarray, start: int, rng: Rng = None
                 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """n new positions y (B, n, D) at start.. -> (y (B, n, D), self_kv).
 
         self_kv: this layer's self-attention buffer k (B, H, P, K), v (B, H, P, C); the new positions' keys and
         values are written into it at ``start`` and the t = start + n written ones attended over, with
         self_mask (B, n, t). memory_kv: the cross-attention keys/values of the encoder output (B, H, S, K|C),
-        memory_mask (B, 1, S).
+        memory_mask (B, 1, S). Dropout from ``rng``.
         """
         h = self.self_attn_norm.forward(y) if self.norm_first else y
         k, v = self.self_attn.project_kv(h)                                     # (B, H, n, K), (B, H, n, C)
         end = start + k.shape[2]
         self_kv[0][:, :, start:end], self_kv[1][:, :, start:end] = k, v
-        h = record("self_attn", self.self_attn.forward(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]),
-                                                       self_mask))
-        y = self.nx.act(y + h)
+        h = self.self_attn.forward(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]), self_mask)
+        y = self.nx.act(y + dropout(h, "self_attn", self.rate, rng, self.nx))
         y = record("self_attn.residual", y if self.norm_first else self.self_attn_norm.forward(y))
-        h = record("cross_attn", self.cross_attn.forward(self.cross_attn_norm.forward(y) if self.norm_first else y,
-                                                         memory_kv, memory_mask))
-        y = self.nx.act(y + h)
+        h = self.cross_attn.forward(self.cross_attn_norm.forward(y) if self.norm_first else y, memory_kv, memory_mask)
+        y = self.nx.act(y + dropout(h, "cross_attn", self.rate, rng, self.nx))
         y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm.forward(y))
-        h = record("ffn", self.ffn.forward(self.ffn_norm.forward(y) if self.norm_first else y))
-        y = self.nx.act(y + h)
+        h = self.ffn.forward(self.ffn_norm.forward(y) if self.norm_first else y)
+        y = self.nx.act(y + dropout(h, "ffn", self.rate, rng, self.nx))
         return record("ffn.residual", y if self.norm_first else self.ffn_norm.forward(y)), self_kv

@@ -17,7 +17,7 @@ from spec import validate
 from spec.config import Config
 from spec.numerics import Numerics
 from spec.recording import record, recording, scope
-from spec.reference.layers import DecoderLayer, Embedder, EncoderLayer, LayerNorm, Params
+from spec.reference.layers import DecoderLayer, Embedder, EncoderLayer, LayerNorm, Params, Rng, dropout
 
 
 @dataclasses.dataclass
@@ -60,11 +60,11 @@ class Encoder(Stack):
     def __init__(self, params: Params, c: Config, nx: Numerics):
         super().__init__(params, c, nx, EncoderLayer, "encoder", c.n_encoder_layers)
 
-    def forward(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """x (B, S, D), mask (B, 1, S) -> memory (B, S, D)."""
+    def forward(self, x: np.ndarray, mask: np.ndarray, rng: Rng = None) -> np.ndarray:
+        """x (B, S, D), mask (B, 1, S) -> memory (B, S, D); dropout from ``rng``."""
         for i, layer in enumerate(self.layers):
             with scope(f"encoder.layers.{i}"):
-                x = record("out", layer.forward(x, mask))
+                x = record("out", layer.forward(x, mask, rng))
         return x if self.final_norm is None else self.final_norm.forward(x)
 
 
@@ -74,8 +74,9 @@ class Decoder(Stack):
     def __init__(self, params: Params, c: Config, nx: Numerics):
         super().__init__(params, c, nx, DecoderLayer, "decoder", c.n_decoder_layers)
 
-    def forward(self, y: np.ndarray, cache: KVCache) -> tuple[np.ndarray, KVCache]:
-        """n new positions y (B, n, D) at ``cache.length``.. (their ``key_mask`` written) -> (h (B, n, D), cache).
+    def forward(self, y: np.ndarray, cache: KVCache, rng: Rng = None) -> tuple[np.ndarray, KVCache]:
+        """n new positions y (B, n, D) at ``cache.length``.. (their ``key_mask`` written) -> (h (B, n, D), cache);
+        dropout from ``rng``.
 
         Self-attention sees every earlier position and the new ones causally, minus padding keys.
         """
@@ -85,7 +86,7 @@ class Decoder(Stack):
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
                 y, cache.self_kv[i] = layer.forward(y, cache.self_kv[i], self_mask, cache.memory_kv[i],
-                                                    memory_mask, start)
+                                                    memory_mask, start, rng)
                 record("out", y)
         cache.length = end
         return (y if self.final_norm is None else self.final_norm.forward(y)), cache
@@ -100,24 +101,24 @@ class Transformer:
         self.encoder = Encoder(params, c, nx)
         self.decoder = Decoder(params, c, nx)
 
-    def forward(self, src: np.ndarray, tgt_in: np.ndarray, intermediates: bool = False):
+    def forward(self, src: np.ndarray, tgt_in: np.ndarray, intermediates: bool = False, *, rng: Rng = None):
         """Teacher-forced forward: src (B, S), tgt_in (B, T) -> logits (B, T, V) fp32, with ``intermediates``
-        -> (logits, {name: array}).
+        -> (logits, {name: array}); dropout from ``rng`` (``layers.dropout``).
 
         Raises:
             ValueError: from ``spec.validate.check_forward``.
         """
         validate.check_forward(src, tgt_in, self.config)
         with recording() if intermediates else contextlib.nullcontext() as rec:
-            memory = self.encode(src)
-            logits, _ = self.decode(tgt_in, self.init_cache(memory, src, tgt_in.shape[1]))
+            memory = self.encode(src, rng)
+            logits, _ = self.decode(tgt_in, self.init_cache(memory, src, tgt_in.shape[1]), rng)
         return (logits, rec) if intermediates else logits
 
-    def encode(self, src: np.ndarray) -> np.ndarray:
-        """Encoder stack: src (B, S) int -> memory (B, S, D)."""
+    def encode(self, src: np.ndarray, rng: Rng = None) -> np.ndarray:
+        """Encoder stack: src (B, S) int -> memory (B, S, D); dropout from ``rng``."""
         mask = key_padding_mask(src, self.config.pad_id)[:, None]                              # (B, 1, S)
-        x = record("src_embed", self.embedder.encode(src))
-        return record("encoder.out", self.encoder.forward(x, mask))
+        x = dropout(self.embedder.encode(src), "src_embed", self.config.dropout, rng, self.nx)
+        return record("encoder.out", self.encoder.forward(x, mask, rng))
 
     def init_cache(self, memory: np.ndarray, src: np.ndarray, capacity: int) -> KVCache:
         """An empty cache of ``capacity`` positions for ``memory`` (B, S, D) of source ``src`` (B, S)."""
@@ -127,10 +128,11 @@ class Transformer:
         memory_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
         return KVCache(self_kv, np.zeros((B, capacity), bool), memory_kv, key_padding_mask(src, c.pad_id), 0)
 
-    def decode(self, tokens: np.ndarray, cache: KVCache) -> tuple[np.ndarray, KVCache]:
-        """n new tokens (B, n) at positions ``cache.length``.. -> (logits (B, n, V), cache), written in place."""
+    def decode(self, tokens: np.ndarray, cache: KVCache, rng: Rng = None) -> tuple[np.ndarray, KVCache]:
+        """n new tokens (B, n) at positions ``cache.length``.. -> (logits (B, n, V), cache), written in place;
+        dropout from ``rng``."""
         start = cache.length
         cache.key_mask[:, start:start + tokens.shape[1]] = key_padding_mask(tokens, self.config.pad_id)
-        y = record("tgt_embed", self.embedder.encode(tokens, start))
-        h, cache = self.decoder.forward(y, cache)
+        y = dropout(self.embedder.encode(tokens, start), "tgt_embed", self.config.dropout, rng, self.nx)
+        h, cache = self.decoder.forward(y, cache, rng)
         return record("logits", self.embedder.decode(record("decoder.out", h))), cache

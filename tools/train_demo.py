@@ -6,7 +6,8 @@ Every backend starts from the same weights and sees the same batches (``spec.dem
 framework's own RNG) and the rounding of each backend's arithmetic differ. Greedy decoding of the fixed held-out set
 by the average of the last 5 checkpoints (section 6.1) gives the exact-match accuracy.
 
-    python -m tools.train_demo --backend torch [--steps N] [--batch B] [--seed S] [--out run.json] [--min-accuracy 0.99]
+    python -m tools.train_demo --backend torch [--steps N] [--batch B] [--seed S] [--out run.json]
+                               [--save weights.safetensors] [--min-accuracy 0.99]
 """
 
 from __future__ import annotations
@@ -40,14 +41,15 @@ AVERAGE = 5
 
 def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED, progress: bool = True, *,
         config: Config = DEMO_CONFIG, train_config: TrainConfig = TRAIN_CONFIG, eval_every: int = EVAL_EVERY,
-        evaluate_checkpoints: bool = True) -> dict[str, Any]:
+        evaluate_checkpoints: bool = True, save: Path | None = None) -> dict[str, Any]:
     """Train ``T.Transformer(config, seed)`` for ``steps`` steps of ``batch`` sequences, then decode the held-out
     set greedily with the average of the last ``AVERAGE`` checkpoints. ``seed`` seeds the weights, the data and the
     dropout RNG.
 
     A checkpoint is taken every ``eval_every`` steps and at the end (0: at the end only); at each, the held-out
     accuracy of the averaged model and of the model as it is are recorded, timed apart from ``train_s`` (with
-    ``evaluate_checkpoints=False``, at the last only: the same final accuracy for less time). Returns
+    ``evaluate_checkpoints=False``, at the last only: the same final accuracy for less time). With ``save``, the
+    final averaged model's weights are written there (``T.save_weights``, the canonical format). Returns
     {"losses": [float per step], "evals": [[step, accuracy averaged, accuracy as is, train_s]], "accuracy": the
     final averaged model's, "steps", "batch", "seed", "train_s" (training alone), "wall_s" (everything, model
     building and evaluations included), "target_step"/"target_s": the first evaluation whose averaged model
@@ -72,6 +74,8 @@ def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED,
                                   evaluate(T, model, config, data), round(train_s, 3)])
                     bar.update(task, acc=evals[-1][1])
             bar.update(task, advance=1, loss=losses[-1])
+    if save is not None:
+        T.save_weights(average(T, config, checkpoints), save)
     hit = next((e for e in evals if e[1] >= TARGET), None)
     return {"backend": T.__name__, "losses": losses, "evals": evals, "accuracy": evals[-1][1], "steps": steps,
             "batch": batch, "seed": seed, "train_s": round(train_s, 3),
@@ -103,12 +107,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY,
                    help="a checkpoint and held-out evaluations every N steps; 0: at the end only")
     p.add_argument("--out", type=Path, help="write the run (losses per step, accuracy, times) as JSON here")
+    p.add_argument("--save", type=Path, help="write the final averaged model's weights (safetensors) here")
     p.add_argument("--min-accuracy", type=float, help="exit non-zero if the final exact match is below this")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--threads", type=int, help="the framework's intra-op threads (default: the framework's own)")
     args = p.parse_args(argv)
     T = cli.load_backend(args.backend, args.threads)
-    result = run(T, args.steps, args.batch, args.seed, progress=not args.no_progress, eval_every=args.eval_every)
+    result = run(T, args.steps, args.batch, args.seed, progress=not args.no_progress, eval_every=args.eval_every,
+                 save=args.save)
     result["threads"] = args.threads
     print(summary(result))
     if args.out:

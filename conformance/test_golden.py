@@ -45,10 +45,17 @@ def test_golden_forward(case, model_for, record):
     record({name: G.judge_tensor(case, name, got, ids) for name in case.expected})
 
 
+# How the target positions enter the KV cache: one token per call (as search does), all of them in one call (a
+# prefill), and chunks that write several positions after earlier ones (where a layout mix-up of a multi-token
+# write shows).
+CHUNKS = {"one_per_call": lambda T: None, "prefill": lambda T: [T], "chunks": lambda T: [2, 1, T - 3]}
+
+
+@pytest.mark.parametrize("chunks", CHUNKS)
 @pytest.mark.parametrize("case", G.cases("incremental"), ids=lambda c: c.name)
-def test_golden_incremental(case, model_for, record):
+def test_golden_incremental(case, chunks, model_for, record):
     src, tgt_in = case.inputs["src"], case.inputs["tgt_in"]
-    steps = model_for(case).decode_steps(src, tgt_in)
+    steps = model_for(case).decode_steps(src, tgt_in, chunks=CHUNKS[chunks](tgt_in.shape[1]))
     record({"step_logits": G.judge_tensor(case, "step_logits", {"step_logits": steps}, {"tgt": tgt_in})})
 
 
@@ -72,7 +79,7 @@ def test_golden_train(case, model_for, record, record_property):
     on whole tensors against the spec's exact run, recomputed live and checked against what the case stores."""
     t = case.meta["train"]
     batches = list(zip(case.inputs["src"], case.inputs["tgt_in"], case.inputs["tgt_out"], strict=True))
-    c, params = golden_cases.case_params(case.meta)
+    c, params = golden_cases.case_params(case.meta, case.params)
     result = model_for(case).train(batches, TrainConfig(**t["train_config"]), record_after=(1, t["steps"]))
     if c.dtype == "bfloat16":  # mixed precision: fp32 weight gradients, not bf16 ones (spec.agreement)
         representable = {n: agreement.bf16_representable(g) for n, g in result["grad"].items() if np.ndim(g) >= 2}

@@ -78,7 +78,7 @@ def load_model(backend, tmp_path_factory):
 @pytest.fixture(scope="session")
 def model_for(load_model):
     """``model_for(case)``: the backend's model with a golden case's weights."""
-    return lambda case: load_model(*golden_cases.case_params(case.meta))
+    return lambda case: load_model(*golden_cases.case_params(case.meta, case.params))
 
 
 @pytest.fixture

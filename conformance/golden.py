@@ -22,6 +22,7 @@ class Case:
     inputs: dict[str, np.ndarray]
     expected: dict[str, np.ndarray]
     faithful: dict[str, np.ndarray]  # the faithful reference's values at bf16 rounding points ({} if not stored)
+    params: dict[str, np.ndarray]    # trained weights ({} where they are regenerated from a seed)
 
     @property
     def kind(self) -> str:
@@ -46,7 +47,8 @@ def load_case(d: Path) -> Case:
         if hashlib.sha256((d / fname).read_bytes()).hexdigest() != digest:
             raise ValueError(f"{d / fname}: sha256 differs from meta.json")
     load = lambda f: safetensors.numpy.load_file(str(d / f)) if (d / f).exists() else {}  # noqa: E731
-    return Case(d.name, meta, load("inputs.safetensors"), load("expected.safetensors"), load("faithful.safetensors"))
+    return Case(d.name, meta, load("inputs.safetensors"), load("expected.safetensors"), load("faithful.safetensors"),
+                load("params.safetensors"))
 
 
 @functools.cache

@@ -149,7 +149,7 @@ def _row_ends(row: np.ndarray, limit: int, eos_id: int) -> int:
 def _special_tokens_favoured(case: G.Case) -> tuple:
     """The case's weights changed so that the unrestricted argmax is pad or BOS at (nearly) every step:
     the last LayerNorm's bias gets a large component along u, and E[pad], E[bos] point along u."""
-    c, params = golden_cases.case_params(case.meta)
+    c, params = golden_cases.case_params(case.meta, case.params)
     params = {k: v.copy() for k, v in params.items()}
     dt = params["embedding"].dtype
     u = np.random.default_rng(0).standard_normal(c.d_model)
@@ -181,12 +181,12 @@ def test_pad_and_bos_never_generated(kind, load_model):
 @pytest.mark.parametrize("case", G.cases("greedy"), ids=lambda c: c.name)
 @pytest.mark.parametrize("kind", ["greedy", "beam"])
 def test_generation_output_form(kind, case, model_for):
-    """Tokens stop at EOS (then only padding) and respect each sequence's limit, on every greedy case (the fp32 one
-    has rows that end at different lengths)."""
-    c, src = case.config, case.inputs["src"]
+    """Tokens stop at EOS (then only padding) and respect each sequence's limit, on every greedy case (the fp32 and
+    the trained bf16 one have rows that end at different lengths)."""
+    c, src, n = case.config, case.inputs["src"], case.meta["decode"]["max_new_tokens"]
     model = model_for(case)
-    out = model.greedy(src) if kind == "greedy" else model.beam(src)
-    limits = generation_limits(src, c, None)
+    out = model.greedy(src, n) if kind == "greedy" else model.beam(src, max_new_tokens=n)
+    limits = generation_limits(src, c, n)
     assert out.ndim == 2 and out.shape[0] == src.shape[0] and np.issubdtype(out.dtype, np.integer)
     for b, row in enumerate(out):
         end = _row_ends(row, limits[b], c.eos_id)
@@ -199,7 +199,7 @@ def test_evaluation_never_drops_out(dtype, load_model):
     """Dropout belongs to training (section 5.4): with ``config.dropout`` 0.5 the forward, KV-cache decoding and
     greedy search give what the same weights give with dropout 0, bit for bit."""
     case = _case(dtype)
-    c, params = golden_cases.case_params(case.meta)
+    c, params = golden_cases.case_params(case.meta, case.params)
     src, tgt_in = case.inputs["src"], case.inputs["tgt_in"]
     plain, dropping = load_model(c.replace(dropout=0.0), params), load_model(c.replace(dropout=0.5), params)
     np.testing.assert_array_equal(dropping.forward(src, tgt_in)[0], plain.forward(src, tgt_in)[0])

@@ -17,11 +17,13 @@ teacher-forced forward), "incremental" (per-step logits with the KV cache):
 steps): ``spec.golden_training``. ``spec.golden_recipes.generate`` writes every
 case and ``check`` compares a regeneration with the committed files.
 
-Weights are not stored: ``case_params(meta)`` regenerates them from the seed
-(``init_params(..., observable=True)``, so every bias and LayerNorm scale is
+Weights are not stored, but for the cases that need a trained model: ``case_params(meta)`` regenerates
+them from the seed (``init_params(..., observable=True)``, so every bias and LayerNorm scale is
 visible) and checks them against the sha256 recorded in ``meta["params"]``.
 That keeps the committed files small and makes the init part of what
-``--check`` verifies.
+``--check`` verifies. A case decoded by a trained model (``meta["params"]["trained"]`` says how it was
+trained) stores its weights as ``params.safetensors`` in the case folder, made from a file under
+``GOLDEN_INPUTS``.
 
 Each checked tensor's errors are measured in units of the eps of
 ``meta["tensors"][name]["unit"]``: the config's dtype, except a layer alone
@@ -40,16 +42,19 @@ import safetensors.numpy
 
 from spec import tolerance
 from spec.config import BASE, TINY, Config
+from spec.demo import DEMO_CONFIG
 from spec.init import init_params
+from spec.schema import param_specs
 
 GENERATOR_VERSION = "2"
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+GOLDEN_INPUTS = Path(__file__).resolve().parent / "golden_inputs"  # trained weights the decoding cases start from
 # A multi-layer config distinct from tiny: d_k = d_v, three layers per stack.
 SMALL = Config(vocab_size=97, d_model=64, n_heads=4, d_k=16, d_v=16, d_ff=128,
                n_encoder_layers=3, n_decoder_layers=3, max_len=64, dropout=0.1)
 # tiny_decoding: room for the residual-cancelling last FFN of the decoding cases (2 * d_model hidden units).
 CONFIGS = {"tiny": TINY, "tiny_prenorm": TINY.replace(norm_first=True), "small": SMALL, "base": BASE,
-           "tiny_decoding": TINY.replace(d_ff=80)}
+           "tiny_decoding": TINY.replace(d_ff=80), "reverse": DEMO_CONFIG}
 EOS_BOOST = 2.0  # decoding cases scale E[eos] (by a power of two, exact) so that some hypotheses end
 
 
@@ -100,20 +105,25 @@ class Writer:
 
     def write(self, name: str, meta: dict, inputs: dict, expected: dict, c: Config, params: dict,
               seed: int, eos_boost: float | None = None, cancel_residual: bool = False,
-              embedding_scale: float | None = None, faithful: dict | None = None) -> None:
+              embedding_scale: float | None = None, faithful: dict | None = None, trained: dict | None = None
+              ) -> None:
         """One case folder: inputs, the exact ``expected`` tensors, with ``faithful`` the bf16-faithful reference's
-        values too (``faithful.safetensors``, for ``spec.agreement``), and ``meta.json``."""
+        values too (``faithful.safetensors``, for ``spec.agreement``), with ``trained`` (how they were trained) the
+        weights (``params.safetensors``), and ``meta.json``."""
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         files = {"inputs.safetensors": inputs, "expected.safetensors": expected}
         if faithful is not None:
             files["faithful.safetensors"] = faithful
+        if trained is not None:
+            files["params.safetensors"] = params
         for fname, tensors in files.items():
             safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(d / fname))
         meta = {"case": name, "generator_version": GENERATOR_VERSION, "config": c.to_dict(),
                 "params": {"seed": seed, "observable": True, "eos_boost": eos_boost,
                            "cancel_residual": cancel_residual, "embedding_scale": embedding_scale,
-                           "sha256": params_digest(params)},
+                           "sha256": params_digest(params)} if trained is None else
+                          {"file": "params.safetensors", "trained": trained, "sha256": params_digest(params)},
                 "tolerance_policy": {"max_ratio": tolerance.MAX_RATIO, "rms_ratio": tolerance.RMS_RATIO,
                                      "floor_eps": tolerance.FLOOR_EPS, "rms_allowance": "floor_eps / sqrt(n)"},
                 **meta}
@@ -163,17 +173,23 @@ def _cancel_last_residual(params: dict[str, np.ndarray], c: Config) -> None:
     params[f"{p}.w_2"][:D], params[f"{p}.w_2"][D:2 * D] = -eye, eye         # (F, D): -ReLU(x) + ReLU(-x) = -x
 
 
-def case_params(meta: dict) -> tuple[Config, dict[str, np.ndarray]]:
-    """The config and weights of a golden case, regenerated and checked against ``meta``.
+def case_params(meta: dict, stored: dict[str, np.ndarray] | None = None) -> tuple[Config, dict[str, np.ndarray]]:
+    """The config and weights of a golden case, regenerated (or ``stored``, the case's ``params.safetensors``, for
+    a case whose weights were trained) and checked against ``meta``.
 
     Raises:
-        ValueError: if the regenerated weights' sha256 differs from the recorded one.
+        ValueError: if the weights' sha256 differs from the recorded one, or a trained case's are not given.
     """
     c = Config.from_dict(meta["config"])
     p = meta["params"]
-    params = make_params(c, p["seed"], p["eos_boost"], p["cancel_residual"], p["embedding_scale"])
+    if "trained" in p and not stored:
+        raise ValueError(f"golden case {meta['case']}: trained weights, stored in its params.safetensors")
+    if "trained" in p:
+        params = {spec.name: stored[spec.name] for spec in param_specs(c)}  # schema order, as the digest wants
+    else:
+        params = make_params(c, p["seed"], p["eos_boost"], p["cancel_residual"], p["embedding_scale"])
     if params_digest(params) != p["sha256"]:
-        raise ValueError(f"golden case {meta['case']}: regenerated weights differ from the recorded sha256")
+        raise ValueError(f"golden case {meta['case']}: its weights differ from the recorded sha256")
     return c, params
 
 

@@ -7,21 +7,27 @@ the generator draws a pool of sources per seed, decodes them all (exact and fait
 the rows that pass the per-row rules, assembles a batch and checks the batch rules on the batch itself
 (``_check_decoding``): a degenerate case cannot be written.
 
-The cases compute in ``spec.golden_cases.CONFIGS["tiny_decoding"]``.
+The random-weight cases compute in ``spec.golden_cases.CONFIGS["tiny_decoding"]``. Random weights decide by small
+margins (1e-4..2e-2 of logits against a bf16 tolerance of about 0.17), so the bf16 cases whose rows end at several
+lengths decode with a trained model instead: the training demo's reverse-task model (``spec.demo``), whose weights
+are a golden input (``spec.golden_cases.GOLDEN_INPUTS``), on sources of that task.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import zlib
 
 import numpy as np
 
+from spec import demo, search, tolerance
 from spec import reference as ref
-from spec import search, tolerance
 from spec.config import Config
-from spec.golden_cases import Writer, config, make_params, random_tokens, valid_rows
-from spec.numerics import Numerics
+from spec.golden_cases import GOLDEN_INPUTS, Writer, config, make_params, random_tokens, valid_rows
+from spec.numerics import Numerics, np_dtype
+from spec.schema import param_specs
+from spec.weights_io import load_weights
 
 MAX_REPEAT = 0.5   # no token may fill more than half of a row's tokens before EOS
 
@@ -43,6 +49,7 @@ class Decoding:
     eos_lengths: int = 2  # distinct lengths at which rows end at EOS
     pool: int = 240       # candidate sources per seed
     seeds: tuple[int, ...] = tuple(range(100, 130))
+    trained: str | None = None  # a weights file under GOLDEN_INPUTS (with its .json provenance) instead of a seed
 
 
 def _search(d: Decoding, alpha: float, P: ref.Params, src: np.ndarray, c: Config, nx: Numerics
@@ -86,9 +93,10 @@ def _decode_all(d: Decoding, P: ref.Params, src: np.ndarray, c: Config) -> dict:
         out, tx = _search(d, alpha, P, src, c, Numerics("exact"))
         again, tf = _search(d, alpha, P, src, c, Numerics(c.dtype))
         same = [np.array_equal(a, b) for a, b in zip(out, again, strict=True)]
-        margins = [min(x.get("margin", np.inf), f.get("margin", np.inf)) for x, f in zip(tx["rows"], tf["rows"],
-                                                                                        strict=True)]
         tol, row_tol = _decision_tolerance(P, src, out, c)
+        slack = tolerance.DECISION_MARGIN_FACTOR * tol  # a backend's scores may differ from these by this much
+        margins = [min(search.decisive_margin(x, slack), search.decisive_margin(f, slack))
+                   for x, f in zip(tx["rows"], tf["rows"], strict=True)]
         runs[alpha] = {"out": out, "rows": tx["rows"], "facts": _row_facts(out, c), "same": same, "margins": margins,
                        "tol": tol, "row_tol": row_tol}
     return runs
@@ -169,24 +177,41 @@ def _check_decoding(d: Decoding, runs: dict, src: np.ndarray, c: Config) -> list
     return why
 
 
+def _weights(d: Decoding, c: Config, seed: int) -> dict[str, np.ndarray]:
+    """The case's weights in ``c.param_dtype``: from the seed, or the trained file rounded once."""
+    if d.trained is None:
+        return make_params(c, seed, d.eos_boost, d.cancel_residual, d.embedding_scale)
+    _, params = load_weights(GOLDEN_INPUTS / d.trained)
+    return {p.name: params[p.name].astype(np_dtype(c.param_dtype)) for p in param_specs(c)}  # in schema order
+
+
+def _pool(d: Decoding, c: Config, seed: int) -> np.ndarray:
+    """Candidate sources (pool, S): random tokens, or the reverse task's sources (``spec.demo``) for a trained model."""
+    rng = np.random.default_rng(zlib.crc32(f"{d.name}/{seed}".encode()))
+    if d.trained is not None:
+        return demo.reverse_batch(rng, c, d.pool)[0]
+    return random_tokens(rng, c, list(rng.integers(2, d.S + 1, d.pool)), d.S, False)
+
+
 def decode_case(w: Writer, d: Decoding) -> None:
     """Search seeds (deterministically) for weights and a batch that pass ``_check_decoding``; write the case."""
-    c = config("tiny_decoding", d.dtype)
+    c = config("reverse" if d.trained else "tiny_decoding", d.dtype)
     for seed in d.seeds:
-        params = make_params(c, seed, d.eos_boost, d.cancel_residual, d.embedding_scale)
+        params = _weights(d, c, seed)
         P = ref.as_float64(params, c)
-        rng = np.random.default_rng(zlib.crc32(f"{d.name}/{seed}".encode()))
-        pool = random_tokens(rng, c, list(rng.integers(2, d.S + 1, d.pool)), d.S, False)
+        pool = _pool(d, c, seed)
         runs = _decode_all(d, P, pool, c)
-        ok = [b for b in range(d.pool) if _row_ok(runs, b)]
+        ok = [b for b in range(len(pool)) if _row_ok(runs, b)]
         if not ok:
             continue
         src = pool[_pick_rows(d, runs, ok)]
+        src = src[:, :int((src != c.pad_id).sum(axis=1).max())]  # no all-pad columns
         runs = _decode_all(d, P, src, c)
         if not _check_decoding(d, runs, src, c):
             break
     else:
         raise RuntimeError(f"{d.name}: no seed in {d.seeds[0]}..{d.seeds[-1]} passes the decoding rules")
+    trained = None if d.trained is None else json.loads((GOLDEN_INPUTS / d.trained).with_suffix(".json").read_text())
     for alpha, r in runs.items():
         name = d.name if len(d.alphas) == 1 else f"{d.name}_alpha{alpha}_{d.dtype}"
         rows = [{"length": f["length"], "eos": f["eos"], "margin": m,
@@ -198,7 +223,7 @@ def decode_case(w: Writer, d: Decoding) -> None:
                            "logits_tolerance": r["tol"], "margin_required": tolerance.DECISION_MARGIN_FACTOR * r["tol"],
                            "rows": rows}}
         w.write(name, meta, {"src": src}, {"tokens": r["out"]}, c, params, seed, d.eos_boost, d.cancel_residual,
-                d.embedding_scale)
+                d.embedding_scale, trained=trained)
 
 
 DECODING_CASES = (
@@ -207,6 +232,12 @@ DECODING_CASES = (
     # one EOS length; the fp32 cases, whose tolerance is 2^16 times smaller, cover several.
     Decoding("greedy_tiny_bfloat16", "greedy", "bfloat16", eos_boost=2.0, cancel_residual=False, eos_lengths=1),
     Decoding("greedy_tiny_float32", "greedy", "float32", max_new_tokens=12),
+    # bf16 decisions a trained model makes: rows that end at EOS at three lengths or more, every margin above
+    # DECISION_MARGIN_FACTOR x the logits tolerance.
+    Decoding("greedy_reverse_bfloat16", "greedy", "bfloat16", max_new_tokens=20, eos_lengths=3, pool=64, seeds=(0,),
+             trained="reverse_demo.safetensors"),
+    Decoding("beam_reverse_bfloat16", "beam", "bfloat16", beam_size=4, max_new_tokens=20, eos_lengths=3, pool=64,
+             seeds=(0,), trained="reverse_demo.safetensors"),
     Decoding("beam_tiny", "beam", "float32", beam_size=4, alphas=(0.0, 0.6, 1.0), max_new_tokens=16, eos_boost=1.0,
              embedding_scale=5.0, pool=100, seeds=tuple(range(116, 130))),  # 100-115 fail the rules (measured)
     Decoding("beam1_tiny_float32", "beam", "float32", beam_size=1, max_new_tokens=16, eos_boost=1.0,

@@ -16,6 +16,14 @@ Each decoder can record a trace: ``trace["margin"]`` is the smallest gap
 between two scores whose order decided the output (a backend whose scores
 differ from the reference's by less than half that gap must produce the same
 tokens), and ``trace["rows"]`` the same per sequence, with what happened in it.
+A row also lists its ``decisions`` as (gap, reach): ``reach`` is the best
+score, as a finished hypothesis, that a hypothesis on either side of the
+decision can still reach. In beam search most cuts fall among hypotheses far
+below the answer's ``score``; log-probabilities only fall as tokens are added,
+so such a hypothesis ranks below every ancestor of the answer at every step and
+can neither become the answer nor displace one, nor end the search early
+(the bound it would stop on is below the answer). ``decisive_margin`` is the
+smallest gap among the decisions that reach the answer's score.
 
 Beam search is the algorithm of Flax's ``examples/wmt/decode.py`` (after
 tensor2tensor) with the paper's settings, written out so that every backend
@@ -80,18 +88,26 @@ def _descending(x: np.ndarray) -> np.ndarray:
     return np.argsort(-x, kind="stable")
 
 
-def _note_gap(row: Trace, sorted_scores: np.ndarray, i: int) -> None:
+def _note_gap(row: Trace, sorted_scores: np.ndarray, i: int, reach: float = np.inf) -> None:
     """Record in a row's trace the gap between sorted scores i and i+1, which decided a cut."""
     if row is None or i + 1 >= sorted_scores.size:
         return
     a, b = sorted_scores[i], sorted_scores[i + 1]
     if np.isfinite(a) and np.isfinite(b):
-        _note_margin(row, float(a - b))
+        _note_margin(row, float(a - b), reach)
 
 
-def _note_margin(row: Trace, gap: float) -> None:
+def _note_margin(row: Trace, gap: float, reach: float = np.inf) -> None:
     if row is not None:
         row["margin"] = min(row.get("margin", np.inf), gap)
+        row.setdefault("decisions", []).append((gap, float(reach)))
+
+
+def decisive_margin(row: dict, slack: float) -> float:
+    """The smallest gap of a row's decisions whose reach is within ``slack`` of the answer's score (all of them
+    where the row has no ``score``: greedy search, or a beam that finished nothing)."""
+    floor = row.get("score", -np.inf) - slack
+    return min((gap for gap, reach in row.get("decisions", []) if reach >= floor), default=np.inf)
 
 
 def _row_traces(trace: Trace, B: int) -> list[Trace]:
@@ -187,7 +203,7 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         is_eos = tok == c.eos_id
         lp_t = nx.acc(length_penalty(t, alpha))
         if trace is not None:
-            _trace_beam_step(trace, cand, order, k, c, lp_t, fin_score[k - 1])
+            _trace_beam_step(trace, cand, order, k, c, lp_t, fin_score[k - 1], max_lp)
 
         alive_score = np.where(is_eos, -np.inf, cand[top])
         alive = _descending(alive_score)[:k]
@@ -197,7 +213,7 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         new_score = np.where(is_eos, nx.acc(cand[top] / lp_t), -np.inf)
         merged = np.concatenate([fin_score, new_score])
         keep = _descending(merged)
-        _note_gap(trace, merged[keep], k - 1)
+        _note_gap(trace, merged[keep], k - 1, merged[keep][k - 1])
         fin_seq = np.concatenate([fin_seq, np.pad(seq, ((0, 0), (0, limit - t)), constant_values=c.pad_id)])[keep[:k]]
         fin_score = merged[keep[:k]]
         if first_finished is None and np.isfinite(fin_score[0]):
@@ -205,7 +221,7 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
 
         bound = nx.acc(alive_lp.max() / max_lp)
         if np.isfinite(fin_score.min()) and np.isfinite(bound):
-            _note_margin(trace, abs(float(fin_score.min() - bound)))
+            _note_margin(trace, abs(float(fin_score.min() - bound)), max(bound, fin_score.min()))
         if t == limit or fin_score.min() >= bound:
             break
     if trace is not None:
@@ -214,7 +230,7 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         _note_gap(trace, fin_score, 0)  # the best finished hypothesis is the answer
         answer = _trim(fin_seq[0], c)
         if trace is not None:
-            trace["overtaken"] = bool(len(answer) > first_finished)
+            trace.update(overtaken=bool(len(answer) > first_finished), score=float(fin_score[0]))
         return answer
     _note_gap(trace, alive_lp, 0)  # the best alive hypothesis is the answer
     return alive_seq[0]
@@ -228,23 +244,25 @@ def _select(cache: ref.KVCache, rows: np.ndarray) -> ref.KVCache:
 
 
 def _trace_beam_step(trace: dict, cand: np.ndarray, order: np.ndarray, k: int, c: Config, lp_t: float,
-                     kth_finished: float) -> None:
+                     kth_finished: float, max_lp: float) -> None:
     """Record the gaps that decide one beam step (module docstring).
 
     The top 2k candidates hold at most k EOS candidates (one per beam), so the
     alive set is the top k non-EOS candidates overall: the gap at that cut
-    decides it. An EOS candidate matters if its normalised score could enter
-    the finished top k; then its distance to the 2k cut decides whether it is
-    considered at all.
+    decides it; the better of its two sides reaches at most its log-probability
+    over the length penalty at the limit. An EOS candidate matters if its
+    normalised score could enter the finished top k; then its distance to the
+    2k cut decides whether it is considered at all.
     """
     n = candidate_count(k)
     eos = order % c.vocab_size == c.eos_id
-    _note_gap(trace, cand[order[~eos]], k - 1)
+    alive = cand[order[~eos]]
+    _note_gap(trace, alive, k - 1, alive[k - 1] / max_lp if alive.size >= k else np.inf)
     hi, lo = cand[order[n - 1]], cand[order[n]]
     for rank in np.flatnonzero(eos):
         score = cand[order[rank]]
         if np.isfinite(score) and score / lp_t >= kth_finished:
-            _note_margin(trace, float(score - lo if rank < n else hi - score))
+            _note_margin(trace, float(score - lo if rank < n else hi - score), max(score, hi) / max_lp)
 
 
 def _trim(seq: np.ndarray, c: Config) -> np.ndarray:

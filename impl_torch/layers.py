@@ -41,14 +41,19 @@ def to_array(t: Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def dropout(x: Tensor, rate: float, rng: torch.Generator | None) -> Tensor:
-    """Inverted dropout (section 5.4): a mask of x's shape drawn from ``rng``; the identity when ``rng`` is None
-    (evaluation, rule 8) or ``rate`` is 0."""
+def dropout(x: Tensor, site: str, rate: float, rng: torch.Generator | None) -> Tensor:
+    """Inverted dropout at a dropout site (section 5.4, ``spec.shapes.dropout_sites``): x (B, L, D) -> (B, L, D),
+    each element kept with probability 1 - rate, drawn from ``rng``, and divided by 1 - rate in fp32 (the divisor
+    rounded to fp32), the quotient rounded once to x's dtype; the identity when ``rng`` is None (evaluation,
+    rule 8) or ``rate`` is 0. Records the result as ``site`` and, with dropout, the keep mask as ``<site>.keep``
+    (bool, True = kept)."""
     if rng is None or rate == 0.0:
-        return x
-    keep = 1.0 - rate
-    mask = torch.empty_like(x).bernoulli_(keep, generator=rng)                  # x's shape, 1 = kept
-    return x * mask / keep
+        return record(site, x)
+    keep = record(f"{site}.keep", torch.empty_like(x).bernoulli_(1.0 - rate, generator=rng).bool())
+    # A divisor on x's device: dividing by a Python or CPU scalar, CUDA multiplies by its fp32 reciprocal, which
+    # is not always the correctly rounded quotient.
+    divisor = torch.tensor(1.0 - rate, dtype=torch.float32, device=x.device)
+    return record(site, torch.where(keep, x.float() / divisor, 0.0).to(x.dtype))
 
 
 def positional_encoding(length: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
@@ -67,8 +72,8 @@ def positional_encoding(length: int, d_model: int, device: torch.device | str | 
 class Embedder(nn.Module):
     """The one embedding table E (V, D), shared by source, target and the output projection (section 3.4).
 
-    ``encode``: ids -> ``E[ids] * sqrt(D) + PE`` (sections 3.4, 3.5), then dropout; ``decode``: h -> h E^T,
-    the logits. The PE table is a non-persistent fp32 buffer of ``max_len`` rows.
+    ``encode``: ids -> ``E[ids] * sqrt(D) + PE`` (sections 3.4, 3.5), before dropout (the model's); ``decode``:
+    h -> h E^T, the logits. The PE table is a non-persistent fp32 buffer of ``max_len`` rows.
     """
 
     def __init__(self, config: Config, device: torch.device | str | None = None):
@@ -76,13 +81,13 @@ class Embedder(nn.Module):
         self.table = nn.Parameter(torch.empty(config.vocab_size, config.d_model, dtype=DTYPES[config.param_dtype],
                                               device=device))
         self.register_buffer("pe", positional_encoding(config.max_len, config.d_model, device), persistent=False)
-        self.dtype, self.rate = DTYPES[config.dtype], config.dropout
+        self.dtype = DTYPES[config.dtype]
 
-    def encode(self, ids: Tensor, start: int = 0, rng: torch.Generator | None = None) -> Tensor:
+    def encode(self, ids: Tensor, start: int = 0) -> Tensor:
         """ids (B, L) at positions start..start+L-1 -> (B, L, D): the sum in fp32, rounded once (rule 3); rows of
         the table enter in the activation dtype (rule 0)."""
         x = round_to(F.embedding(ids, self.table), self.dtype) * math.sqrt(self.table.shape[-1])  # (B, L, D) fp32
-        return dropout((x + self.pe[start:start + ids.shape[1]]).to(self.dtype), self.rate, rng)
+        return (x + self.pe[start:start + ids.shape[1]]).to(self.dtype)
 
     def decode(self, x: Tensor) -> Tensor:
         """Tied output projection x E^T (section 3.4, rule 7): (B, L, D) -> (B, L, V) float32, never rounded."""
@@ -179,8 +184,8 @@ class LayerNorm(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention then FFN, each with a residual connection and LayerNorm (sections 3.1, 5.4): (B, S, D) ->
     (B, S, D). Post-LN (the paper): ``norm(x + dropout(sublayer(x)))``; pre-LN (``config.norm_first``):
-    ``x + dropout(sublayer(norm(x)))``. Records each sublayer's output as ``<name>`` and the residual line's as
-    ``<name>.residual``, relative to the layer (the stack scopes)."""
+    ``x + dropout(sublayer(norm(x)))``. Records each sublayer's output after dropout as ``<name>`` (``dropout``)
+    and the residual line's as ``<name>.residual``, relative to the layer (the stack scopes)."""
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
@@ -192,11 +197,11 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) key padding mask."""
         h = self.self_attn_norm(x) if self.norm_first else x
-        h = record("self_attn", self.self_attn(h, self.self_attn.project_kv(h), mask))
-        x = x + dropout(h, self.rate, rng)
+        h = self.self_attn(h, self.self_attn.project_kv(h), mask)
+        x = x + dropout(h, "self_attn", self.rate, rng)
         x = record("self_attn.residual", x if self.norm_first else self.self_attn_norm(x))
-        h = record("ffn", self.ffn(self.ffn_norm(x) if self.norm_first else x))
-        x = x + dropout(h, self.rate, rng)
+        h = self.ffn(self.ffn_norm(x) if self.norm_first else x)
+        x = x + dropout(h, "ffn", self.rate, rng)
         return record("ffn.residual", x if self.norm_first else self.ffn_norm(x))
 
 
@@ -226,13 +231,12 @@ class DecoderLayer(nn.Module):
         k, v = self.self_attn.project_kv(h)                                     # (B, H, n, K), (B, H, n, C)
         end = start + k.shape[2]
         self_kv[0][:, :, start:end], self_kv[1][:, :, start:end] = k, v
-        h = record("self_attn", self.self_attn(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]), self_mask))
-        y = y + dropout(h, self.rate, rng)
+        h = self.self_attn(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]), self_mask)
+        y = y + dropout(h, "self_attn", self.rate, rng)
         y = record("self_attn.residual", y if self.norm_first else self.self_attn_norm(y))
-        h = record("cross_attn", self.cross_attn(self.cross_attn_norm(y) if self.norm_first else y, memory_kv,
-                                                 memory_mask))
-        y = y + dropout(h, self.rate, rng)
+        h = self.cross_attn(self.cross_attn_norm(y) if self.norm_first else y, memory_kv, memory_mask)
+        y = y + dropout(h, "cross_attn", self.rate, rng)
         y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm(y))
-        h = record("ffn", self.ffn(self.ffn_norm(y) if self.norm_first else y))
-        y = y + dropout(h, self.rate, rng)
+        h = self.ffn(self.ffn_norm(y) if self.norm_first else y)
+        y = y + dropout(h, "ffn", self.rate, rng)
         return record("ffn.residual", y if self.norm_first else self.ffn_norm(y)), self_kv

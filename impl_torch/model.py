@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import spec
-from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, to_tensor
+from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout, to_tensor
 from spec import validate
 from spec.annotations import Bool, Float
 from spec.config import Config
@@ -157,7 +157,8 @@ class Transformer(nn.Module):
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False, *, rng: torch.Generator | None = None
                 ) -> Float[Tensor, "B T V"] | tuple[Float[Tensor, "B T V"], dict[str, Tensor]]:
         """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int ids -> logits (B, T, V) float32;
-        with ``intermediates=True`` also {name: tensor} of ``spec.shapes.intermediates``. Dropout from ``rng``.
+        with ``intermediates=True`` also {name: tensor} of ``spec.shapes.intermediates``. Dropout from ``rng``
+        (``layers.dropout``), whose keep masks are then among the intermediates (``dropout=True``).
 
         Raises:
             ValueError: from ``spec.validate.check_forward``.
@@ -213,7 +214,7 @@ class Transformer(nn.Module):
 def _encode(model: Transformer, src: Tensor, rng: torch.Generator | None = None) -> Tensor:
     """src (B, S) int64 -> memory (B, S, D)."""
     mask = key_padding_mask(src, model.config.pad_id)[:, None, None, :]               # (B, 1, 1, S)
-    x = record("src_embed", model.embedder.encode(src, 0, rng))
+    x = dropout(model.embedder.encode(src), "src_embed", model.config.dropout, rng)
     return record("encoder.out", model.encoder(x, mask, rng))
 
 
@@ -233,7 +234,7 @@ def _decode(model: Transformer, tokens: Tensor, cache: KVCache, rng: torch.Gener
     """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32; ``cache`` written in place."""
     start, n = cache.length, tokens.shape[1]
     cache.key_mask[:, start:start + n] = key_padding_mask(tokens, model.config.pad_id)
-    y = record("tgt_embed", model.embedder.encode(tokens, start, rng))
+    y = dropout(model.embedder.encode(tokens, start), "tgt_embed", model.config.dropout, rng)
     y, cache = model.decoder(y, cache, rng)
     return record("logits", model.embedder.decode(record("decoder.out", y)))
 

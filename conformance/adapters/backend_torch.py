@@ -44,6 +44,9 @@ class TorchDialect(Dialect):
     def attention_options(self, model):
         return {"fused": model.embedding.device.type == "cuda"}
 
+    def rng(self, seed, model):
+        return torch.Generator(device=model.embedding.device).manual_seed(seed)
+
     def concat(self, xs):
         return torch.cat(xs, dim=1)
 

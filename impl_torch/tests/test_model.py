@@ -322,3 +322,24 @@ def test_cuda_matches_cpu(ids, tiny):
     with impl_torch.numerics_scope():
         for m in (gpu, moved):
             torch.testing.assert_close(m(src.cuda(), tgt.cuda()).cpu(), cpu(src, tgt), rtol=0, atol=TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_dropout_records_its_masks_and_the_values_it_adds(ids, tiny, norm_first):
+    """With a generator, a forward with intermediates records ``spec.shapes.intermediates(..., dropout=True)``:
+    a bool keep mask per dropout site and the site's value after dropout (zero where dropped); the logits are the
+    float32 reference's replaying those masks."""
+    m = tiny("float32", dropout=0.25, norm_first=norm_first)
+    B, S, T = 2, 7, 6
+    src, tgt = ids(43, B, S), ids(44, B, T, bos=True)
+    with torch.no_grad():
+        logits, inter = m(src, tgt, intermediates=True, rng=torch.Generator().manual_seed(5))
+    assert sorted(inter) == sorted(shapes.intermediates(m.config, B, S, T, dropout=True))
+    for site in shapes.dropout_sites(m.config):
+        keep = inter[f"{site}.keep"]
+        assert keep.dtype == torch.bool and keep.shape == inter[site].shape, site
+        assert not inter[site][~keep].any() and not keep.all(), site
+    masks = {k: v.numpy() for k, v in inter.items() if k.endswith(".keep")}
+    want = ref.Transformer(ref.as_float64(impl_torch.params_of(m), m.config), m.config,
+                           Numerics("float32")).forward(src.numpy(), tgt.numpy(), rng=masks)
+    assert np.abs(logits.numpy() - want).max() < 1e-5 * np.sqrt((want ** 2).mean())

@@ -15,6 +15,7 @@ import impl_torch as T
 import spec
 from spec import backward, training
 from spec.numerics import EPS
+from spec.recording import recording
 from spec.schema import param_specs
 
 SRC = np.array([[5, 9, 17, 2, 0, 0], [7, 8, 9, 10, 11, 2]])           # (B, S), row 0 padded
@@ -174,15 +175,21 @@ def test_forward_after_a_step_reads_the_updated_weights(param_dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_keeps_one_minus_rate_and_scales_by_its_inverse(dtype):
-    """Kept fraction within 5 standard deviations of 1 - rate; kept values x / (1 - rate), rounded once."""
+    """Kept fraction within 5 standard deviations of 1 - rate; kept values the fp32 quotient by the fp32 divisor
+    (NumPy's, correctly rounded), rounded once; the mask and the result recorded under the site's name."""
     rate, n = 0.1, 200_000
     x = torch.linspace(0.5, 2.0, n).to(dtype)                           # (n,)
-    y = T.layers.dropout(x, rate, torch.Generator().manual_seed(0))
+    with recording() as rec:
+        y = T.layers.dropout(x, "site", rate, torch.Generator().manual_seed(0))
     kept = y != 0
+    assert rec["site"] is y and rec["site.keep"].dtype == torch.bool and torch.equal(rec["site.keep"], kept)
     sigma = np.sqrt(rate * (1 - rate) / n)
     assert abs(kept.float().mean().item() - (1 - rate)) <= 5 * sigma
-    torch.testing.assert_close(y[kept], (x[kept].float() / (1 - rate)).to(dtype), rtol=0, atol=0)
-    assert T.layers.dropout(x, rate, None) is x                         # evaluation: the identity
+    want = torch.from_numpy(x[kept].float().numpy() / np.float32(1 - rate)).to(dtype)
+    torch.testing.assert_close(y[kept], want, rtol=0, atol=0)
+    with recording() as rec:
+        assert T.layers.dropout(x, "site", rate, None) is x             # evaluation: the identity
+    assert list(rec) == ["site"]
 
 
 class _MaskCensus(TorchDispatchMode):

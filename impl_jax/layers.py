@@ -54,13 +54,23 @@ class Module:
         return self.forward(*args, **kwargs)
 
 
-def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    """Inverted dropout (section 5.4): each element kept with probability 1 - rate and scaled by 1 / (1 - rate)
-    in fp32, rounded once to x's dtype. The identity when ``rng`` is None (evaluation) or ``rate`` is 0."""
+def split(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
+    """``n`` independent PRNG keys split from ``rng``, or ``n`` Nones without one (evaluation)."""
+    return [None] * n if rng is None else list(jax.random.split(rng, n))
+
+
+def dropout(x: jax.Array, site: str, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout at a dropout site (section 5.4, ``spec.shapes.dropout_sites``): x (B, L, D) -> (B, L, D),
+    each element kept with probability 1 - rate and divided by 1 - rate in fp32 (the divisor rounded to fp32), the
+    quotient rounded once to x's dtype; the identity without ``rng`` (evaluation) or at rate 0. Records the result
+    as ``site`` and, with dropout, the keep mask (x's shape, bool, True = kept) as ``<site>.keep``."""
     if rng is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)                       # x's shape, True = kept
-    return jnp.where(keep, x.astype(F32) / (1.0 - rate), 0.0).astype(x.dtype)
+        return record(site, x)
+    keep = record(f"{site}.keep", jax.random.bernoulli(rng, 1.0 - rate, x.shape))
+    # XLA rewrites a division by a broadcast scalar as a product with its reciprocal, which misses the rounded
+    # quotient for about a third of the elements: a divisor of x's shape keeps the division.
+    divisor = jnp.where(keep, jnp.asarray(1.0 - rate, F32), 1.0)
+    return record(site, jnp.where(keep, x.astype(F32) / divisor, 0.0).astype(x.dtype))
 
 
 def positional_encoding(length: int, d_model: int) -> jax.Array:
@@ -184,14 +194,13 @@ class EncoderLayer(Module):
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D), key padding mask (B, 1, 1, S); dropout (section 5.4) from ``rng`` -> (B, S, D)."""
-        c, pre = self.config, self.config.norm_first
-        keys = [None] * 2 if rng is None else list(jax.random.split(rng, 2))
+        pre, rate, keys = self.config.norm_first, self.config.dropout, split(rng, 2)
         h = self.self_attn_norm(x) if pre else x
-        y = record("self_attn", dropout(self.self_attn(h, self.self_attn.project_kv(h), mask), c.dropout, keys[0]))
-        x = record("self_attn.residual", x + y if pre else self.self_attn_norm(x + y))
-        h = self.ffn_norm(x) if pre else x
-        y = record("ffn", dropout(self.ffn(h), c.dropout, keys[1]))
-        return record("ffn.residual", x + y if pre else self.ffn_norm(x + y))
+        x = x + dropout(self.self_attn(h, self.self_attn.project_kv(h), mask), "self_attn", rate, keys[0])
+        x = record("self_attn.residual", x if pre else self.self_attn_norm(x))
+        h = self.ffn(self.ffn_norm(x) if pre else x)
+        x = x + dropout(h, "ffn", rate, keys[1])
+        return record("ffn.residual", x if pre else self.ffn_norm(x))
 
 
 class DecoderLayer(Module):
@@ -215,19 +224,18 @@ class DecoderLayer(Module):
         and v (B, H, P, C); self_mask (B, 1, n, P) causal and key padding; memory_kv: the encoder output's
         projected k (B, H, S, K), v (B, H, S, C); memory_mask (B, 1, 1, S); dropout from ``rng``. The new keys and
         values are written at ``start`` -> (y (B, n, D), the updated self_kv)."""
-        c, pre = self.config, self.config.norm_first
-        keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
+        pre, rate, keys = self.config.norm_first, self.config.dropout, split(rng, 3)
         h = self.self_attn_norm(y) if pre else y
         self_kv = tuple(lax.dynamic_update_slice_in_dim(cached, new.astype(cached.dtype), start, axis=2)
                         for cached, new in zip(self_kv, self.self_attn.project_kv(h), strict=True))  # (B, H, P, .)
-        a = record("self_attn", dropout(self.self_attn(h, self_kv, self_mask), c.dropout, keys[0]))
-        y = record("self_attn.residual", y + a if pre else self.self_attn_norm(y + a))
-        h = self.cross_attn_norm(y) if pre else y
-        a = record("cross_attn", dropout(self.cross_attn(h, memory_kv, memory_mask), c.dropout, keys[1]))
-        y = record("cross_attn.residual", y + a if pre else self.cross_attn_norm(y + a))
-        h = self.ffn_norm(y) if pre else y
-        a = record("ffn", dropout(self.ffn(h), c.dropout, keys[2]))
-        return record("ffn.residual", y + a if pre else self.ffn_norm(y + a)), self_kv
+        y = y + dropout(self.self_attn(h, self_kv, self_mask), "self_attn", rate, keys[0])
+        y = record("self_attn.residual", y if pre else self.self_attn_norm(y))
+        h = self.cross_attn(self.cross_attn_norm(y) if pre else y, memory_kv, memory_mask)
+        y = y + dropout(h, "cross_attn", rate, keys[1])
+        y = record("cross_attn.residual", y if pre else self.cross_attn_norm(y))
+        h = self.ffn(self.ffn_norm(y) if pre else y)
+        y = y + dropout(h, "ffn", rate, keys[2])
+        return record("ffn.residual", y if pre else self.ffn_norm(y)), self_kv
 
 
 def _sublayers(params: dict[str, jax.Array], name: str, config: Config, attentions: tuple[str, ...]) -> dict:

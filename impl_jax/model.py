@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from impl_jax import numerics
-from impl_jax.layers import KV, DecoderLayer, Embedder, EncoderLayer, LayerNorm, Module, dropout
+from impl_jax.layers import KV, DecoderLayer, Embedder, EncoderLayer, LayerNorm, Module, dropout, split
 from spec import shapes, validate
 from spec.config import Config
 from spec.init import init_params
@@ -87,13 +87,11 @@ class Encoder(Stack):
         super().__init__(params, config, EncoderLayer, "encoder", config.n_encoder_layers)
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
-        """x (B, S, D): the source embeddings (section 3.4), dropped out here (section 5.4) with the layers'
-        sublayers, from ``rng``; mask (B, 1, 1, S) key padding -> memory (B, S, D)."""
-        keys = [None] * (1 + len(self.layers)) if rng is None else list(jax.random.split(rng, 1 + len(self.layers)))
-        x = record("src_embed", dropout(x, self.config.dropout, keys[0]))            # (B, S, D)
-        for i, layer in enumerate(self.layers):
+        """x (B, S, D): the source embeddings (section 3.4, after their dropout); mask (B, 1, 1, S) key padding;
+        the sublayers' dropout (section 5.4) from ``rng`` -> memory (B, S, D)."""
+        for i, (layer, key) in enumerate(zip(self.layers, split(rng, len(self.layers)), strict=True)):
             with scope(f"encoder.layers.{i}"):
-                x = record("out", layer(x, mask, keys[1 + i]))
+                x = record("out", layer(x, mask, key))
         if self.final_norm is not None:
             x = self.final_norm(x)
         return record("encoder.out", x)
@@ -106,17 +104,15 @@ class Decoder(Stack):
         super().__init__(params, config, DecoderLayer, "decoder", config.n_decoder_layers)
 
     def forward(self, y: jax.Array, cache: KVCache, rng: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
-        """y (B, n, D): the target embeddings of positions ``cache.length ..``, dropped out here with the layers'
-        sublayers, from ``rng``; ``cache.key_mask`` already covers them -> (h (B, n, D), the updated cache)."""
+        """y (B, n, D): the target embeddings of positions ``cache.length ..`` (after their dropout), which
+        ``cache.key_mask`` already covers; the sublayers' dropout from ``rng`` -> (h (B, n, D), the updated cache)."""
         start, n, capacity = cache.length, y.shape[1], cache.key_mask.shape[1]
         self_mask = causal_mask(start, n, capacity) & cache.key_mask[:, None, None, :]   # (B, 1, n, P)
         memory_mask = cache.memory_mask[:, None, None, :]                                # (B, 1, 1, S)
-        keys = [None] * (1 + len(self.layers)) if rng is None else list(jax.random.split(rng, 1 + len(self.layers)))
-        y = record("tgt_embed", dropout(y, self.config.dropout, keys[0]))               # (B, n, D)
         self_kv = []
-        for i, layer in enumerate(self.layers):
+        for i, (layer, key) in enumerate(zip(self.layers, split(rng, len(self.layers)), strict=True)):
             with scope(f"decoder.layers.{i}"):
-                y, kv = layer(y, cache.self_kv[i], self_mask, cache.memory_kv[i], memory_mask, start, keys[1 + i])
+                y, kv = layer(y, cache.self_kv[i], self_mask, cache.memory_kv[i], memory_mask, start, key)
                 record("out", y)
             self_kv.append(kv)
         if self.final_norm is not None:
@@ -157,7 +153,7 @@ class Transformer(Module):
         logits, rec = _forward(self, src, tgt_in, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
-        want = shapes.intermediates(c, B, S, T)  # name -> ((B, S or T, ...), dtype)
+        want = shapes.intermediates(c, B, S, T, dropout=rng is not None)  # name -> ((B, S or T, ...), dtype)
         return logits[:B, :T], {name: x[:B, :want[name][0][1]] for name, x in rec.items()}
 
     def encode(self, src: Ids) -> jax.Array:
@@ -194,9 +190,12 @@ class Transformer(Module):
 # ----------------------------------------------------------------- unchecked internals (validated, bucketed ids)
 
 def _encode(model: Transformer, src: jax.Array, rng: jax.Array | None = None) -> jax.Array:
-    """Traced, on the model's weights as they are: src (B, S) -> memory (B, S, D) (section 3.1)."""
-    return model.encoder(model.embedder.encode(src), key_padding_mask(src, model.config.pad_id)[:, None, None, :],
-                         rng)
+    """Traced, on the model's weights as they are: src (B, S) -> memory (B, S, D) (section 3.1); dropout from
+    ``rng``."""
+    mask = key_padding_mask(src, model.config.pad_id)[:, None, None, :]                    # (B, 1, 1, S)
+    embed_rng, rng = split(rng, 2)
+    x = dropout(model.embedder.encode(src), "src_embed", model.config.dropout, embed_rng)   # (B, S, D)
+    return model.encoder(x, mask, rng)
 
 
 def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity: int) -> KVCache:
@@ -215,10 +214,12 @@ def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity:
 def _decode(model: Transformer, tokens: jax.Array, cache: KVCache, rng: jax.Array | None = None
             ) -> tuple[jax.Array, KVCache]:
     """Traced, on the model's weights as they are: tokens (B, n) at positions ``cache.length ..`` -> (logits
-    (B, n, V) float32, the updated cache)."""
+    (B, n, V) float32, the updated cache); dropout from ``rng``."""
     c, start = model.config, cache.length
     key_mask = lax.dynamic_update_slice_in_dim(cache.key_mask, key_padding_mask(tokens, c.pad_id), start, axis=1)
-    h, cache = model.decoder(model.embedder.encode(tokens, start), cache._replace(key_mask=key_mask), rng)
+    embed_rng, rng = split(rng, 2)
+    y = dropout(model.embedder.encode(tokens, start), "tgt_embed", c.dropout, embed_rng)  # (B, n, D)
+    h, cache = model.decoder(y, cache._replace(key_mask=key_mask), rng)
     return record("logits", model.embedder.decode(h)), cache
 
 
@@ -252,7 +253,7 @@ def _forward(model: Transformer, src: jax.Array, tgt_in: jax.Array, intermediate
     log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
              *src.shape, tgt_in.shape[1], ", with intermediates" if intermediates else "")
     model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
-    encoder_rng, decoder_rng = [None] * 2 if rng is None else list(jax.random.split(rng, 2))
+    encoder_rng, decoder_rng = split(rng, 2)
     # Recording runs here, at trace time, into this trace's own dict: a caller's open ``recording`` never catches
     # these tracers (which would leak, and only on the first trace).
     with recording() as rec:

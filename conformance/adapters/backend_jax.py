@@ -42,6 +42,9 @@ class JaxDialect(Dialect):
     def concat(self, xs):
         return jnp.concatenate(xs, axis=1)
 
+    def rng(self, seed, model):
+        return jax.random.key(seed)
+
     def layers_of(self, model):
         return jax.tree.map(lambda p: p.astype(model.config.dtype), model)
 

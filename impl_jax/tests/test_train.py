@@ -17,9 +17,10 @@ import pytest
 
 import impl_jax as T
 import spec
-from impl_jax import layers
-from spec import backward, tolerance, training
-from spec.numerics import Numerics
+from impl_jax import layers, numerics
+from spec import backward, shapes, tolerance, training
+from spec.numerics import Numerics, np_dtype
+from spec.recording import recording
 from spec.training import TrainConfig
 
 F32 = spec.preset("tiny", dtype="float32", param_dtype="float32").replace(dropout=0.0)
@@ -117,31 +118,48 @@ def test_pure_bf16_step_keeps_fp32_moments_and_rounds_the_weight():
         assert (after[k] != want).mean() < 0.01, k   # a bf16 rounding may flip on fp32 ties of order
 
 
-def test_dropout_keeps_one_minus_rate_scaled():
-    """layers.dropout: kept fraction 1 - rate within 5 standard deviations, kept values x / (1 - rate) rounded
-    once to x's dtype; the identity without a key. Measured: 0.89994 kept of 100,000 (sd 0.00095)."""
-    x = jnp.ones((200, 500), jnp.float32)
-    y = np.asarray(layers.dropout(x, 0.1, jax.random.key(0)))
-    kept = (y != 0).mean()
-    assert abs(kept - 0.9) < 5 * np.sqrt(0.9 * 0.1 / y.size)
-    assert (y[y != 0] == np.float32(1) / np.float32(0.9)).all()
-    yb = np.asarray(layers.dropout(x.astype(jnp.bfloat16), 0.1, jax.random.key(0)).astype(jnp.float32))
-    assert (yb[yb != 0] == np.float32(ml_dtypes.bfloat16(1 / 0.9))).all() and ((yb != 0) == (y != 0)).all()
-    assert layers.dropout(x, 0.1, None) is x
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dropout_keeps_one_minus_rate_and_divides_exactly(dtype):
+    """layers.dropout, jitted as the model runs it: kept fraction 1 - rate within 5 standard deviations, each kept
+    value the fp32 quotient x / fp32(1 - rate) rounded once to x's dtype (not x times a rounded reciprocal), the
+    keep mask recorded as "<site>.keep" and the result as "<site>"; the identity without a key. Measured: 0.89994
+    kept of 100,000 (sd 0.00095)."""
+    x = np.random.default_rng(0).standard_normal((200, 500)).astype(np.float32).astype(np_dtype(dtype))
+
+    def drop(x, key):
+        with recording() as rec:
+            return layers.dropout(x, "ffn", 0.1, key), rec
+
+    y, rec = numerics.jit(drop)(x, jax.random.key(0))
+    keep = np.asarray(rec["ffn.keep"])
+    assert keep.dtype == bool and keep.shape == x.shape
+    assert abs(keep.mean() - 0.9) < 5 * np.sqrt(0.9 * 0.1 / keep.size)
+    want = np.where(keep, x.astype(np.float32) / np.float32(0.9), 0).astype(np_dtype(dtype))
+    assert y.dtype == want.dtype and np.array_equal(np.asarray(y), want)
+    assert np.array_equal(np.asarray(rec["ffn"]), want)
+    with recording() as rec:
+        assert layers.dropout(x, "ffn", 0.1, None) is x and layers.dropout(x, "ffn", 0.0, jax.random.key(0)) is x
+    assert list(rec) == ["ffn"] and rec["ffn"] is x
 
 
 def test_training_drops_out_every_sublayer_and_both_embeddings():
-    """The training forward (with a key) zeroes about ``rate`` of each sublayer output and of both embedding sums
-    (section 5.4); without a key nothing is zeroed. Measured fractions 0.084-0.138 per tensor of 320-384
-    elements, 0.102 pooled."""
+    """The training forward (with a key) records a keep mask at every dropout site (``spec.shapes.dropout_sites``)
+    and nowhere else, bool, the real (B, L, D) and different at each site, about ``rate`` of it dropped; each
+    site's recorded value (the one after dropout) is zero where its mask drops. Without a key: no mask, and
+    nothing zeroed. Measured fractions 0.072-0.125 per tensor of 320-384 elements, 0.099 pooled."""
     m = T.Transformer(DROP, seed=0)
     (_, train), (_, evaluation) = (m(SRC, TGT_IN, intermediates=True, rng=key) for key in (jax.random.key(3), None))
-    names = ["src_embed", "tgt_embed"] + [k for k in train if k.split(".")[-1] in ("self_attn", "cross_attn", "ffn")]
-    assert len(names) == 2 + 2 * 2 + 2 * 3
-    zeros = {k: float((np.asarray(train[k]) == 0).mean()) for k in names}
-    n = min(np.size(train[k]) for k in names)
-    assert all(abs(z - 0.1) < 5 * np.sqrt(0.1 * 0.9 / n) for z in zeros.values()), zeros
-    assert all((np.asarray(evaluation[k]) == 0).mean() < 0.01 for k in names)
+    sites, want = shapes.dropout_sites(DROP), shapes.intermediates(DROP, 2, 6, 5, dropout=True)   # SRC, TGT_IN
+    assert len(sites) == 2 + 2 * 2 + 2 * 3
+    assert sorted(k for k in train if k.endswith(".keep")) == sorted(f"{s}.keep" for s in sites)
+    masks = {s: np.asarray(train[f"{s}.keep"]) for s in sites}
+    assert all(k.dtype == bool and k.shape == want[f"{s}.keep"][0] for s, k in masks.items())
+    assert all(not np.asarray(train[s])[~k].any() for s, k in masks.items())
+    assert len({k.tobytes() for k in masks.values()}) == len(sites)
+    n = min(k.size for k in masks.values())
+    assert all(abs((~k).mean() - 0.1) < 5 * np.sqrt(0.1 * 0.9 / n) for k in masks.values())
+    assert not [k for k in evaluation if k.endswith(".keep")]
+    assert all((np.asarray(evaluation[s]) == 0).mean() < 0.01 for s in sites)
 
 
 def test_evaluation_never_drops_out():

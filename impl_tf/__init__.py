@@ -21,7 +21,8 @@ spec rounds, float32 logits. The forward, encoder, decoding step and search loop
 ``tf.function(jit_compile=True)``: traced once, compiled by XLA once per concrete shape. So that varying shapes
 compile a bounded number of programs, ``model(...)``, ``encode`` and the searches pad the batch and lengths to
 buckets (powers of two) and slice the results back; each compilation logs one line at INFO on the ``"impl_tf"``
-logger. Evaluation (the forward, decoding, search) never drops out.
+logger. The forward drops out (section 5.4) only when given a stateless seed, ``model(src, tgt_in, rng=[seed, 0])``
+((2,) int); decoding and search never do.
 
 Training (section 5, ``impl_tf.train``): ``init_train_state`` gives a ``TrainState`` (a dataclass: the
 step, the ``TrainConfig``, Adam's fp32 moment variables and a ``tf.random.Generator`` for dropout); ``train_step``

@@ -4,14 +4,15 @@ Every tf.Variable is named by its canonical parameter name (``spec.schema``), e.
 Products go through ``impl_tf.numerics``; layers run eagerly or inside ``tf.function(jit_compile=True)``.
 The softmax and LayerNorm's normalization carry their own gradient: their Jacobians in one expression, as the
 ideal backward of ``spec.backward`` does, where autodiff through their max, sums and statistics subtracts fp32
-terms that cancel (docs/decisions-tf.md). Dropout (section 5.4) draws from the ``rng`` a forward is given
-(None: evaluation).
+terms that cancel (docs/decisions-tf.md). Dropout (section 5.4) draws from the ``rng`` a forward is given, a
+stateless seed (None: evaluation).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -20,23 +21,24 @@ import tensorflow as tf
 from impl_tf.numerics import linear, logits, round_to
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
-from spec.recording import record
+from spec.recording import record, scoped
 
 
-def dropout(x: tf.Tensor, rate: float, rng: tuple[tf.Tensor, object] | None) -> tf.Tensor:
-    """Inverted dropout (section 5.4): x (...) -> each element kept with probability 1 - rate and scaled by
-    1 / (1 - rate) in fp32, rounded once to x's dtype; zero otherwise.
+def dropout(x: tf.Tensor, site: str, rate: float, rng: tf.Tensor | None) -> tf.Tensor:
+    """Inverted dropout at a dropout site (section 5.4, ``spec.shapes.dropout_sites``): x (B, L, D) -> (B, L, D),
+    each element kept with probability 1 - rate and divided by 1 - rate in fp32 (the divisor rounded to fp32), the
+    quotient rounded once to x's dtype; the identity without ``rng`` (evaluation) or at rate 0. Records the result
+    as ``site`` and, with dropout, the keep mask (bool) as ``<site>.keep``.
 
-    ``rng``: (seed (2,) int64, an ``itertools.count(1)``) for one traced training forward: each call, one dropout
-    site, folds its own seed from the next count with stateless ops (TensorFlow's global RNG is never touched);
-    None in evaluation: the identity (rule 8).
+    ``rng``: a stateless seed, (2,) int64. Each site draws from its own seed, the seed folded with its scoped name,
+    so every site of a forward draws apart from the others without a counter threaded through the layers, and the
+    same seed draws the same masks (TensorFlow's global RNG is never touched).
     """
     if rng is None or rate == 0.0:
-        return x
-    seed, sites = rng
-    site = tf.random.experimental.stateless_fold_in(seed, next(sites))          # (2,) this site's own
-    keep = tf.random.stateless_uniform(tf.shape(x), site) >= rate               # x's shape, True = kept
-    return tf.where(keep, tf.cast(tf.cast(x, tf.float32) / (1.0 - rate), x.dtype), tf.zeros_like(x))
+        return record(site, x)
+    seed = tf.random.experimental.stateless_fold_in(rng, zlib.crc32(scoped(site).encode()), alg="philox")
+    keep = record(f"{site}.keep", tf.random.stateless_uniform(tf.shape(x), seed, alg="philox") >= rate)
+    return record(site, tf.where(keep, tf.cast(tf.cast(x, tf.float32) / (1.0 - rate), x.dtype), tf.zeros_like(x)))
 
 
 def positional_encoding(length: int, d_model: int) -> tf.Tensor:
@@ -159,7 +161,8 @@ class LayerNorm(tf.Module):
 class EncoderLayer(tf.Module):
     """Self-attention then FFN, each with a residual connection, dropout and LayerNorm (sections 3.1, 5.4): post-LN
     (paper) ``LayerNorm(x + Dropout(Sublayer(x)))``, pre-LN (``config.norm_first``) ``x + Dropout(Sublayer(
-    LayerNorm(x)))``. Records each sublayer's output and ``<sublayer>.residual`` under its caller's ``scope``."""
+    LayerNorm(x)))``. Records each sublayer's output after dropout as ``<sublayer>`` (with dropout, its keep mask as
+    ``<sublayer>.keep``) and the residual line's as ``<sublayer>.residual``, under its caller's ``scope``."""
 
     def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
         super().__init__(name="encoder_layer")
@@ -168,15 +171,15 @@ class EncoderLayer(tf.Module):
         self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
         self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn"), norm(f"{path}.ffn_norm")
 
-    def forward(self, x: tf.Tensor, mask: tf.Tensor, rng=None) -> tf.Tensor:
+    def forward(self, x: tf.Tensor, mask: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D); ``rng`` as ``dropout``'s."""
         pre = self.norm_first
         h = self.self_attn_norm.forward(x) if pre else x
-        y = record("self_attn", self.self_attn.forward(h, self.self_attn.project_kv(h), mask))
-        x = residual_add(x, dropout(y, self.rate, rng))
+        h = self.self_attn.forward(h, self.self_attn.project_kv(h), mask)
+        x = residual_add(x, dropout(h, "self_attn", self.rate, rng))
         x = record("self_attn.residual", x if pre else self.self_attn_norm.forward(x))
-        h = self.ffn_norm.forward(x) if pre else x
-        x = residual_add(x, dropout(record("ffn", self.ffn.forward(h)), self.rate, rng))
+        h = self.ffn.forward(self.ffn_norm.forward(x) if pre else x)
+        x = residual_add(x, dropout(h, "ffn", self.rate, rng))
         return record("ffn.residual", x if pre else self.ffn_norm.forward(x))
 
 
@@ -192,8 +195,8 @@ class DecoderLayer(tf.Module):
         self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn"), norm(f"{path}.ffn_norm")
 
     def forward(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], self_mask: tf.Tensor,
-                memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor, start: tf.Tensor | int, rng=None
-                ) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
+                memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor, start: tf.Tensor | int,
+                rng: tf.Tensor | None = None) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
         """n new tokens y (B, n, D) at positions ``start...``: self_kv, this layer's (k (B, H, P, K),
         v (B, H, P, C)) holding positions < start; self_mask (B, 1, n, P) (causal and key padding); memory_kv
         (k (B, H, S, K), v (B, H, S, C)); memory_mask (B, 1, 1, S); ``rng`` as ``dropout``'s. -> (B, n, D) and
@@ -202,15 +205,14 @@ class DecoderLayer(tf.Module):
         h = self.self_attn_norm.forward(y) if pre else y
         self_kv = tuple(write_kv(cache, new, start) for cache, new in zip(self_kv, self.self_attn.project_kv(h),
                                                                           strict=True))
-        a = record("self_attn", self.self_attn.forward(h, self_kv, self_mask))
-        y = residual_add(y, dropout(a, self.rate, rng))
+        h = self.self_attn.forward(h, self_kv, self_mask)
+        y = residual_add(y, dropout(h, "self_attn", self.rate, rng))
         y = record("self_attn.residual", y if pre else self.self_attn_norm.forward(y))
-        h = self.cross_attn_norm.forward(y) if pre else y
-        a = record("cross_attn", self.cross_attn.forward(h, memory_kv, memory_mask))
-        y = residual_add(y, dropout(a, self.rate, rng))
+        h = self.cross_attn.forward(self.cross_attn_norm.forward(y) if pre else y, memory_kv, memory_mask)
+        y = residual_add(y, dropout(h, "cross_attn", self.rate, rng))
         y = record("cross_attn.residual", y if pre else self.cross_attn_norm.forward(y))
-        h = self.ffn_norm.forward(y) if pre else y
-        y = residual_add(y, dropout(record("ffn", self.ffn.forward(h)), self.rate, rng))
+        h = self.ffn.forward(self.ffn_norm.forward(y) if pre else y)
+        y = residual_add(y, dropout(h, "ffn", self.rate, rng))
         return record("ffn.residual", y if pre else self.ffn_norm.forward(y)), self_kv
 
 

@@ -31,9 +31,8 @@ from spec.recording import record, recording, scope
 from spec.schema import param_specs
 
 IDS = tf.TensorSpec([None, None], tf.int32)
+SEED = tf.TensorSpec([2], tf.int64)  # a dropout rng: a stateless seed, an argument of the program (not baked in)
 logger = logging.getLogger("impl_tf")
-
-
 
 class KVCache(NamedTuple):
     """Decoder state for incremental decoding (``spec.api.KV_CACHE_FIELDS``); fixed-shape, so it can live in a
@@ -76,7 +75,7 @@ class Encoder(Stack):
     def __init__(self, c: Config, params: dict[str, np.ndarray]):
         super().__init__(c, params, EncoderLayer, "encoder", c.n_encoder_layers)
 
-    def forward(self, x: tf.Tensor, mask: tf.Tensor, rng=None) -> tf.Tensor:
+    def forward(self, x: tf.Tensor, mask: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> memory (B, S, D); ``rng`` as ``layers.dropout``'s."""
         for i, layer in enumerate(self.layers):
             with scope(f"encoder.layers.{i}"):
@@ -92,7 +91,7 @@ class Decoder(Stack):
     def __init__(self, c: Config, params: dict[str, np.ndarray]):
         super().__init__(c, params, DecoderLayer, "decoder", c.n_decoder_layers)
 
-    def forward(self, y: tf.Tensor, cache: KVCache, rng=None) -> tuple[tf.Tensor, KVCache]:
+    def forward(self, y: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None) -> tuple[tf.Tensor, KVCache]:
         """y (B, n, D) at positions ``cache.length...``, whose keys are already in ``cache.key_mask`` -> (h (B, n, D),
         the cache with their keys/values written). Self-attention sees the cached positions and the new ones
         causally, minus padding keys; ``rng`` as ``layers.dropout``'s."""
@@ -113,9 +112,10 @@ class Decoder(Stack):
 class Transformer(tf.Module):
     """The Transformer of "Attention Is All You Need" (section 3), holding ``spec.init_params(config, seed)``.
 
-    Its entry points always compute in evaluation mode (no dropout); ``impl_tf.train_step`` runs the same forward
-    with dropout (section 5.4). ``params``: canonical parameters that ``spec.weights_io.check_params`` accepted
-    for ``config``, held instead of ``init_params``'s (``impl_tf.from_params``, ``load_weights``).
+    Its entry points compute in evaluation mode (no dropout) unless the forward is given a dropout ``rng`` (section
+    5.4), as ``impl_tf.train_step`` gives it one each step. ``params``: canonical parameters that
+    ``spec.weights_io.check_params`` accepted for ``config``, held instead of ``init_params``'s
+    (``impl_tf.from_params``, ``load_weights``).
     Fields: ``config``; ``embedder``, ``encoder``, ``decoder``; ``params``, {canonical name: tf.Variable} in
     ``spec.schema`` order (the shared embedding once); ``compiled``, the model's XLA programs by name (``forward``,
     ``encode``, ``decode``, the searches', the training steps'), made at first use.
@@ -136,31 +136,42 @@ class Transformer(tf.Module):
         self.compiled = {}  # str name -> tf.function (str: tf.Module sorts the keys when it lists the variables)
         self._shapes = set()  # (name, shape) pairs dispatched so far: XLA compiled each once
 
-    def forward(self, src, tgt_in, intermediates: bool = False
+    def forward(self, src, tgt_in, intermediates: bool = False, *, rng=None
                 ) -> Float[tf.Tensor, "B T V"] | tuple[Float[tf.Tensor, "B T V"], dict[str, tf.Tensor]]:
-        """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32.
+        """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32; with
+        ``intermediates`` -> (logits, {name: tensor} of ``spec.shapes.intermediates``, each of its real shape).
 
-        Token ids may be nested lists, NumPy arrays or tensors; runs padded to buckets (module docstring).
+        Token ids may be nested lists, NumPy arrays or tensors; runs padded to buckets (module docstring), so the
+        masks a seed draws for the real positions depend on the buckets too. ``rng``: dropout (section 5.4,
+        ``layers.dropout``) from a stateless seed, (2,) int (a list, array or tensor, e.g. ``[seed, 0]``); None,
+        the default, evaluates.
+
+        Raises:
+            ValueError: from ``spec.validate.check_forward``, or an ``rng`` that is not (2,) int.
         """
         src, tgt_in = _host_ids(src), _host_ids(tgt_in, "tgt_in")
         c = self.config
         validate.check_forward(src, tgt_in, c)
+        seed = None if rng is None else _seed(rng)
         (B, S), T = src.shape, tgt_in.shape[1]
         Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
-        ids = _device_ids(src, Bb, Sb, c.pad_id), _device_ids(tgt_in, Bb, Tb, c.pad_id)
-        if not intermediates:
-            return _compiled(self, "forward", lambda s, t: _forward(self, s, t), [IDS, IDS], (Bb, Sb, Tb))(*ids)[:B, :T]
+        args = [_device_ids(src, Bb, Sb, c.pad_id), _device_ids(tgt_in, Bb, Tb, c.pad_id)]
+        args += [] if seed is None else [seed]
 
-        def recorded(src: tf.Tensor, tgt_in: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-            # Records while tf.function traces this: the dict of symbolic tensors is part of the traced function's
-            # output, so every later call returns their values.
+        def recorded(src: tf.Tensor, tgt_in: tf.Tensor, seed: tf.Tensor | None = None):
+            # Records while tf.function traces this, into a dict of the trace's own: with ``intermediates`` the
+            # dict of symbolic tensors is part of the traced function's output, so every later call returns their
+            # values. Its flags are in the program's name, its seed an argument: one trace for every seed.
             with recording() as rec:
-                logits = _forward(self, src, tgt_in)
-            return logits, rec
+                logits = _forward(self, src, tgt_in, seed)
+            return (logits, rec) if intermediates else logits
 
-        logits, rec = _compiled(self, "forward with intermediates", recorded, [IDS, IDS], (Bb, Sb, Tb))(*ids)
-        want = shapes.intermediates(c, B, S, T)  # name -> ((B, S or T, ...), dtype)
-        return logits[:B, :T], {name: x[:B, :want[name][0][1]] for name, x in rec.items()}
+        flags = (" with intermediates" if intermediates else "") + (" with dropout" if seed is not None else "")
+        out = _compiled(self, "forward" + flags, recorded, [IDS, IDS, SEED][:len(args)], (Bb, Sb, Tb))(*args)
+        if not intermediates:
+            return out[:B, :T]
+        want = shapes.intermediates(c, B, S, T, dropout=seed is not None)  # name -> ((B, S or T, ...), dtype)
+        return out[0][:B, :T], {name: x[:B, :want[name][0][1]] for name, x in out[1].items()}
 
     __call__ = forward
 
@@ -208,10 +219,10 @@ class Transformer(tf.Module):
 
 # ----------------------------------------------------------------- traced computations and their programs
 
-def _encode(model: Transformer, src: tf.Tensor, rng=None) -> tf.Tensor:
+def _encode(model: Transformer, src: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
     """src (B, S) int32 -> memory (B, S, D): embedding (sections 3.4, 3.5) and encoder; ``rng`` as
     ``layers.dropout``'s."""
-    x = record("src_embed", dropout(model.embedder.encode(src), model.config.dropout, rng))      # (B, S, D)
+    x = dropout(model.embedder.encode(src), "src_embed", model.config.dropout, rng)              # (B, S, D)
     return model.encoder.forward(x, key_padding_mask(src, model.config.pad_id)[:, None, None, :], rng)
 
 
@@ -225,11 +236,12 @@ def _init_cache(model: Transformer, memory: tf.Tensor, src: tf.Tensor, capacity:
                    memory_mask=key_padding_mask(src, c.pad_id), length=tf.constant(0, tf.int32))
 
 
-def _decode(model: Transformer, tokens: tf.Tensor, cache: KVCache, rng=None) -> tuple[tf.Tensor, KVCache]:
+def _decode(model: Transformer, tokens: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None
+            ) -> tuple[tf.Tensor, KVCache]:
     """tokens (B, n) int32 at positions ``cache.length...`` -> (logits (B, n, V) float32, the updated cache):
     embedding, decoder, tied output projection; ``rng`` as ``layers.dropout``'s."""
     key_mask = write_kv(cache.key_mask, key_padding_mask(tokens, model.config.pad_id), cache.length)  # (B, P)
-    y = record("tgt_embed", dropout(model.embedder.encode(tokens, cache.length), model.config.dropout, rng))
+    y = dropout(model.embedder.encode(tokens, cache.length), "tgt_embed", model.config.dropout, rng)  # (B, n, D)
     h, cache = model.decoder.forward(y, cache._replace(key_mask=key_mask), rng)                      # (B, n, D)
     return record("logits", model.embedder.decode(h)), cache
 
@@ -246,11 +258,23 @@ def _device_ids(ids: np.ndarray, batch: int, length: int, pad_id: int) -> tf.Ten
     return tf.constant(shapes.pad_ids(ids, batch, length, pad_id))
 
 
-def _forward(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, rng=None) -> tf.Tensor:
+def _forward(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
     """src (B, S), tgt_in (B, T) int32 -> logits (B, T, V) float32: the decoder's one code path over an empty
     cache of capacity T; ``rng`` as ``layers.dropout``'s."""
     memory = _encode(model, src, rng)                                                             # (B, S, D)
     return _decode(model, tgt_in, _init_cache(model, memory, src, tf.shape(tgt_in)[1]), rng)[0]
+
+
+def _seed(rng) -> tf.Tensor:
+    """A dropout ``rng`` as the programs take it: (2,) int64.
+
+    Raises:
+        ValueError: if it is not two integers.
+    """
+    seed = tf.convert_to_tensor(rng)
+    if not seed.dtype.is_integer or seed.shape != (2,):
+        raise ValueError(f"rng must be a stateless seed, (2,) int, got {seed.dtype.name}{tuple(seed.shape)}")
+    return tf.cast(seed, tf.int64)
 
 
 def _compiled(model: Transformer, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]

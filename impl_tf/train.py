@@ -193,7 +193,8 @@ def _check_state(model: Transformer, state: TrainState) -> None:
 
 
 def _loss_and_gradients(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor,
-                        label_smoothing: tf.Tensor, rng=None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+                        label_smoothing: tf.Tensor, rng: tf.Tensor | None = None
+                        ) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """(loss () float32, fp32 gradients in schema order) of the model's forward, traced inside a tf.function; its
     records go to a dict of this trace's own. ``rng`` as ``layers.dropout``'s."""
     with tf.GradientTape() as tape, recording():
@@ -205,10 +206,10 @@ def _loss_and_gradients(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, t
 
 def _train_step(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
                 scalars: dict[str, tf.Tensor], m: dict[str, tf.Variable], v: dict[str, tf.Variable]) -> tf.Tensor:
-    """The compiled step on padded ids src (B, S), tgt_in, tgt_out (B, T) int32: dropout from ``seed`` (2,) int64,
-    each site its own count; Adam on the moments ``m``, ``v`` with the step's ``scalars``; -> loss () float32."""
-    loss, grads = _loss_and_gradients(model, src, tgt_in, tgt_out, scalars["label_smoothing"],
-                                      (seed, itertools.count(1)))
+    """The compiled step on padded ids src (B, S), tgt_in, tgt_out (B, T) int32: dropout from ``seed`` (2,) int64
+    (``layers.dropout``: each site its own draw); Adam on the moments ``m``, ``v`` with the step's ``scalars``;
+    -> loss () float32."""
+    loss, grads = _loss_and_gradients(model, src, tgt_in, tgt_out, scalars["label_smoothing"], seed)
     adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None),
                 scalars=scalars)
     return loss

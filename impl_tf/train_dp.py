@@ -38,7 +38,6 @@ holds that state (its "rng"), so a resumed run draws the masks the uninterrupted
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 import sys
@@ -245,7 +244,7 @@ def _step(dp: DataParallel, src: Any, tgt_in: Any, tgt_out: Any, count: tf.Tenso
     def gradient(src, tgt_in, tgt_out, seed, count, label_smoothing) -> tuple[tf.Tensor, list[tf.Tensor]]:
         # (Bs, Sb), (Bs, Tb), (Bs, Tb) int32 -> (this replica's share sum_local / count, its fp32 gradients)
         with tf.GradientTape() as tape, recording():
-            logits = _forward(model, src, tgt_in, (seed, itertools.count(1)))              # (Bs, Tb, V) float32
+            logits = _forward(model, src, tgt_in, seed)                                    # (Bs, Tb, V) float32
             share = train.smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id, count=count)
         # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
         return share, [tf.convert_to_tensor(g) for g in tape.gradient(share, list(model.params.values()))]

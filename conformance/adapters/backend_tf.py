@@ -41,6 +41,9 @@ class TFDialect(Dialect):
     def concat(self, xs):
         return tf.concat(xs, axis=1)
 
+    def rng(self, seed, model):
+        return tf.constant([seed, 0], tf.int64)  # a stateless seed: impl_tf's forward folds each site's from it
+
 
 class TFBackend:
     name = "tf"

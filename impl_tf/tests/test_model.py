@@ -39,6 +39,32 @@ def test_forward_matches_the_reference_and_records_every_intermediate(model, par
     assert np.abs(logits.numpy() - want).max() < 0.05
 
 
+def test_forward_with_rng_drops_out_and_records_the_keep_masks(config, params, tokens):
+    """With a seed (``rng=``) the forward drops out at every site of ``spec.shapes.dropout_sites``: it records each
+    site's keep mask (bool, the site's real shape) beside its value after dropout, and its logits are the reference's
+    replaying those masks. The same seed draws the same masks, another seed others; without one, none is drawn."""
+    c = config.replace(dropout=0.25)
+    model = impl_tf.from_params(c, params)
+    src, tgt_in = tokens(20, 3, 6), tokens(21, 3, 5, bos=True)
+    src[1, 4:], tgt_in[2, 3:] = c.pad_id, c.pad_id
+    logits, rec = model(src, tgt_in, intermediates=True, rng=[11, 0])
+    want = shapes.intermediates(c, 3, 6, 5, dropout=True)
+    assert set(rec) == set(want)
+    masks = {name: rec[name].numpy() for name in want if name.endswith(".keep")}
+    for site in shapes.dropout_sites(c):
+        keep = masks[f"{site}.keep"]
+        assert keep.dtype == bool and keep.shape == want[site][0], site
+        assert 0.6 < keep.mean() < 0.9 and not np.any(rec[site].numpy().astype(np.float32)[~keep]), site
+    faithful = ref.Transformer(ref.as_float64(params, c), c, Numerics("bfloat16")).forward(src, tgt_in, rng=masks)
+    assert np.abs(logits.numpy() - faithful).max() < 0.05
+    again, other = (model(src, tgt_in, intermediates=True, rng=tf.constant(s, tf.int64))[1] for s in ([11, 0], [12, 0]))
+    assert all(np.array_equal(masks[k], again[k].numpy()) for k in masks)
+    assert not any(np.array_equal(masks[k], other[k].numpy()) for k in masks)
+    assert not [k for k in model(src, tgt_in, intermediates=True)[1] if k.endswith(".keep")]
+    with pytest.raises(ValueError, match=r"rng must be a stateless seed, \(2,\) int"):
+        model(src, tgt_in, rng=11)
+
+
 def test_padding_keys_are_masked(model, tokens):
     """A padded row gives what the row without its padding gives alone (up to fp32 summation order)."""
     src, tgt_in = tokens(2, 2, 6), tokens(3, 2, 5, bos=True)

@@ -25,7 +25,6 @@ The models compile once per test module (XLA, a few seconds each); tests that tr
 
 from __future__ import annotations
 
-import itertools
 import time
 import warnings
 from pathlib import Path
@@ -40,6 +39,7 @@ from impl_tf.layers import dropout
 from spec import backward, golden_training, tolerance, training
 from spec import train_state_io as spec_io
 from spec.numerics import Numerics
+from spec.recording import recording, scope
 from spec.training import TrainConfig
 
 # fp32 products must stay fp32 on GPUs (spec.numerics rule 8): the harness's process-wide choice, not the library's.
@@ -212,7 +212,7 @@ def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16):
 def test_dropout_statistics(rate, dtype):
     """The kept fraction is 1 - rate within 5 standard deviations; kept values are x / (1 - rate) rounded once."""
     x = tf.cast(tf.random.stateless_normal([256, 512], seed=[3, 4]), dtype)      # (256, 512), 131072 elements
-    y = dropout(x, rate, _rng([7, 0]))
+    y = dropout(x, "ffn", rate, tf.constant([7, 0], tf.int64))
     kept = (y.numpy() != 0) | (x.numpy() == 0)
     sigma = np.sqrt(rate * (1 - rate) / kept.size)
     print(f"rate {rate}: kept {kept.mean():.5f}, expected {1 - rate} +- {sigma:.2g}")
@@ -222,19 +222,20 @@ def test_dropout_statistics(rate, dtype):
 
 
 def test_dropout_sites_and_seeds():
-    """Each call (a site) draws its own mask; the same seed gives the same masks; rate 0 is the identity."""
-    x = tf.ones([64, 64])
-    a, b = _rng([1, 2]), _rng([1, 2])
-    first, second = dropout(x, 0.5, a).numpy(), dropout(x, 0.5, a).numpy()
-    assert not np.array_equal(first, second)
-    np.testing.assert_array_equal(first, dropout(x, 0.5, b).numpy())
-    assert not np.array_equal(first, dropout(x, 0.5, _rng([1, 3])).numpy())
-    assert dropout(x, 0.0, _rng([1, 2])) is x and dropout(x, 0.5, None) is x
-
-
-def _rng(seed: list[int]) -> tuple[tf.Tensor, itertools.count]:
-    """A dropout ``rng`` as a training forward gets it: the step's seed (2,) int64 and the sites' count."""
-    return tf.constant(seed, tf.int64), itertools.count(1)
+    """Each site (its scoped name) draws its own mask; the same seed gives the same masks; rate 0 and no seed are
+    the identity; the keep mask and the result are recorded under the site."""
+    x, seed = tf.ones([64, 64]), tf.constant([1, 2], tf.int64)
+    first = dropout(x, "ffn", 0.5, seed).numpy()
+    np.testing.assert_array_equal(first, dropout(x, "ffn", 0.5, tf.constant([1, 2], tf.int64)).numpy())
+    assert not np.array_equal(first, dropout(x, "self_attn", 0.5, seed).numpy())
+    with scope("encoder.layers.1"):
+        assert not np.array_equal(first, dropout(x, "ffn", 0.5, seed).numpy())
+    assert not np.array_equal(first, dropout(x, "ffn", 0.5, tf.constant([1, 3], tf.int64)).numpy())
+    assert dropout(x, "ffn", 0.0, seed) is x and dropout(x, "ffn", 0.5, None) is x
+    with recording() as rec:
+        y = dropout(x, "ffn", 0.5, seed)
+    assert sorted(rec) == ["ffn", "ffn.keep"] and rec["ffn"] is y and rec["ffn.keep"].dtype == tf.bool
+    np.testing.assert_array_equal(rec["ffn.keep"].numpy(), first != 0)
 
 
 def test_evaluation_never_drops_out(model_bf16, params_bf16):

@@ -38,7 +38,10 @@ def dropout(x: tf.Tensor, site: str, rate: float, rng: tf.Tensor | None) -> tf.T
         return record(site, x)
     seed = tf.random.experimental.stateless_fold_in(rng, zlib.crc32(scoped(site).encode()), alg="philox")
     keep = record(f"{site}.keep", tf.random.stateless_uniform(tf.shape(x), seed, alg="philox") >= rate)
-    return record(site, tf.where(keep, tf.cast(tf.cast(x, tf.float32) / (1.0 - rate), x.dtype), tf.zeros_like(x)))
+    # Grappler and XLA rewrite a division by a scalar constant as a product with its reciprocal, which misses the
+    # rounded quotient for about a quarter of the elements: a divisor of x's shape keeps the division.
+    divisor = tf.where(keep, tf.constant(1.0 - rate, tf.float32), 1.0)
+    return record(site, tf.where(keep, tf.cast(tf.cast(x, tf.float32) / divisor, x.dtype), tf.zeros_like(x)))
 
 
 def positional_encoding(length: int, d_model: int) -> tf.Tensor:

@@ -210,15 +210,18 @@ def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16):
 
 @pytest.mark.parametrize("rate, dtype", [(0.1, tf.float32), (0.3, tf.bfloat16), (0.5, tf.float32)])
 def test_dropout_statistics(rate, dtype):
-    """The kept fraction is 1 - rate within 5 standard deviations; kept values are x / (1 - rate) rounded once."""
+    """The kept fraction is 1 - rate within 5 standard deviations; kept values are the fp32 quotient x / (1 - rate)
+    rounded once, compiled as the model's forward is (where a scalar divisor becomes a reciprocal product)."""
     x = tf.cast(tf.random.stateless_normal([256, 512], seed=[3, 4]), dtype)      # (256, 512), 131072 elements
-    y = dropout(x, "ffn", rate, tf.constant([7, 0], tf.int64))
-    kept = (y.numpy() != 0) | (x.numpy() == 0)
+    # The seed is an argument, as in the model's programs (a constant seed would fold mask and divisor to constants).
+    y = tf.function(lambda x, seed: dropout(x, "ffn", rate, seed), jit_compile=True)(x, tf.constant([7, 0], tf.int64))
+    y = y.numpy()
+    kept = (y != 0) | (x.numpy() == 0)
     sigma = np.sqrt(rate * (1 - rate) / kept.size)
     print(f"rate {rate}: kept {kept.mean():.5f}, expected {1 - rate} +- {sigma:.2g}")
     assert abs(kept.mean() - (1 - rate)) < 5 * sigma
-    want = tf.cast(tf.cast(x, tf.float32) / (1.0 - rate), dtype).numpy()
-    np.testing.assert_array_equal(y.numpy()[kept], want[kept])
+    want = (x.numpy().astype(np.float32) / np.float32(1 - rate)).astype(y.dtype)
+    np.testing.assert_array_equal(y[kept], want[kept])
 
 
 def test_dropout_sites_and_seeds():

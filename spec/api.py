@@ -67,9 +67,9 @@ class Model(Protocol):
 
     config: Config
 
-    def __call__(self, src: Any, tgt_in: Any, intermediates: bool = False) -> Any:
-        """The teacher-forced forward pass (section 3, figure 1), without dropout (a backend may take an explicit
-        RNG as a keyword-only ``rng=`` for it; never a global one, never the module's mode).
+    def __call__(self, src: Any, tgt_in: Any, intermediates: bool = False, *, rng: Any = None) -> Any:
+        """The teacher-forced forward pass (section 3, figure 1), without dropout unless given the framework's own
+        RNG as the keyword-only ``rng=`` (never a global one, never the module's mode).
 
         Args:
             src: (B, S) int token ids; tgt_in: (B, T) int, the targets shifted right (BOS first).

@@ -4,8 +4,9 @@ Each mutant replaces a function or method of ``spec.reference`` (its ``layers``
 and ``model``), ``spec.search`` or ``spec.training`` with a plausible bug:
 eleven break the paper's mathematics; five only the numerics contract (two round
 where the contract says not to, proving the error bounds tight enough to see it;
-two skip or coarsen a rounding it asks for, the residual sum kept in fp32 and
-LayerNorm statistics in bf16, which only the agreement bound sees; a softmax
+two skip or coarsen a rounding it asks for, the residual sum kept in fp32, which
+only the agreement bound sees, and LayerNorm statistics in bf16, which a large
+mean also shows; a softmax
 without its max subtraction, which only scores that overflow fp32 exp see); six
 break decoding (the search, the length penalty, the KV cache's positions, the
 special tokens, a greedy search that writes on after a row's EOS); and seven

@@ -55,6 +55,11 @@ def _layer_inputs(layer: str, c: Config, rng: np.random.Generator, variant: str 
     if layer == "multi_head_attention":
         return {"x_q": x(B, T, D), "x_kv": x(B, S, D), "mask": key_mask}
     if layer == "add_norm":
+        if variant == "large_mean":
+            # A mean of 300 beside a spread of 4: a bf16 ulp at 300 is 2, so a mean or variance rounded to bf16
+            # (against rule 6) loses the statistics, where fp32 statistics keep them to about 1e-5. y is zero, so that
+            # the bf16 residual sum is exact and the output's rounding is the faithful reference's only error.
+            return {"x": (300.0 + x(B, S, D, scale=4.0).astype(np.float32)).astype(act), "y": np.zeros((B, S, D), act)}
         # Variance ~1e-6, comparable to layer_norm_eps: the eps is observable.
         return {"x": x(B, S, D, scale=1e-3), "y": x(B, S, D, scale=1e-3)}
     if layer == "feed_forward":
@@ -160,6 +165,7 @@ def generate(root: Path) -> None:
             _layer_case(w, layer, dtype)
     _layer_case(w, "scaled_dot_product_attention", "bfloat16", variant="shifted")
     _layer_case(w, "scaled_dot_product_attention", "bfloat16", variant="overflow")
+    _layer_case(w, "add_norm", "bfloat16", variant="large_mean")
     _forward_case(w, "forward_tiny_bfloat16", "tiny", "bfloat16", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_float32", "tiny", "float32", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_prenorm_bfloat16", "tiny_prenorm", "bfloat16", 2, [8, 8], 8, [6, 6], 6)

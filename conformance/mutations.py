@@ -205,6 +205,7 @@ def _dropout_after_residual_sum(self, x, mask, rng=None):
     for name, sublayer, norm in (("self_attn", attn, self.self_attn_norm), ("ffn", self.ffn.forward, self.ffn_norm)):
         h = sublayer(norm.forward(x) if self.norm_first else x)
         x = layers.dropout(self.nx.act(x + h), name, self.rate, rng, self.nx)  # section 5.4 drops h, before the sum
+        layers.record(name, h)  # the site's value as evaluation records it: the mutant changes training only
         x = layers.record(f"{name}.residual", x if self.norm_first else norm.forward(x))
     return x
 

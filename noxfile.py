@@ -45,11 +45,11 @@ def session(func):
     """``nox.session`` that removes the session's virtualenv when it ends (unless reused with ``-r``): a run of
     every session then needs the disk of its largest virtualenv (about 3 GB), not of all of them (about 16 GB)."""
     @functools.wraps(func)
-    def run(session: nox.Session, *args, **kwargs) -> None:
+    def run(s: nox.Session, *args, **kwargs) -> None:
         try:
-            func(session, *args, **kwargs)
+            func(s, *args, **kwargs)
         finally:
-            venv = session.virtualenv
+            venv = s.virtualenv
             if not getattr(venv, "reuse_existing", True) and getattr(venv, "location", None):
                 shutil.rmtree(venv.location, ignore_errors=True)
     return nox.session(run)

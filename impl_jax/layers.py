@@ -68,7 +68,7 @@ def dropout(x: jax.Array, site: str, rate: float, rng: jax.Array | None) -> jax.
         return record(site, x)
     keep = record(f"{site}.keep", jax.random.bernoulli(rng, 1.0 - rate, x.shape))
     # XLA rewrites a division by a broadcast scalar as a product with its reciprocal, which misses the rounded
-    # quotient for about a third of the elements: a divisor of x's shape keeps the division.
+    # quotient for about a quarter of the elements: a divisor of x's shape keeps the division.
     divisor = jnp.where(keep, jnp.asarray(1.0 - rate, F32), 1.0)
     return record(site, jnp.where(keep, x.astype(F32) / divisor, 0.0).astype(x.dtype))
 

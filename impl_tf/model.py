@@ -34,6 +34,7 @@ IDS = tf.TensorSpec([None, None], tf.int32)
 SEED = tf.TensorSpec([2], tf.int64)  # a dropout rng: a stateless seed, an argument of the program (not baked in)
 logger = logging.getLogger("impl_tf")
 
+
 class KVCache(NamedTuple):
     """Decoder state for incremental decoding (``spec.api.KV_CACHE_FIELDS``); fixed-shape, so it can live in a
     compiled ``tf.while_loop``; a nest of tensors.

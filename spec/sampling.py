@@ -91,8 +91,9 @@ def _sample_row(z: np.ndarray, u: float, temperature: float, top_k: int | None, 
     cum = nx.acc(np.cumsum(p))
     n = int(np.searchsorted(cum, top_p, side="left")) + 1 if top_p < 1.0 else len(kept)
     n = min(n, len(kept))                                                     # 4. top-p: at least one token
-    top_p_margin = float(min(abs(cum[n - 1] - top_p), abs(cum[n - 2] - top_p) if n > 1 else np.inf)) \
-        if top_p < 1.0 else np.inf
+    top_p_margin = np.inf                                                     # the cut between n - 1 and n tokens
+    if top_p < 1.0:
+        top_p_margin = float(min(abs(cum[n - 1] - top_p), abs(cum[n - 2] - top_p) if n > 1 else np.inf))
     c = nx.acc(np.cumsum(p[:n]) / nx.acc(p[:n].sum()))                        # 5. renormalised, then drawn
     c[-1] = 1.0                                                               # u < 1 always draws from the prefix
     j = min(int(np.searchsorted(c, u, side="right")), n - 1)

@@ -213,7 +213,8 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         new_score = np.where(is_eos, nx.acc(cand[top] / lp_t), -np.inf)
         merged = np.concatenate([fin_score, new_score])
         keep = _descending(merged)
-        _note_gap(trace, merged[keep], k - 1, merged[keep][k - 1])
+        ranked = merged[keep]
+        _note_gap(trace, ranked, k - 1, ranked[k - 1])
         fin_seq = np.concatenate([fin_seq, np.pad(seq, ((0, 0), (0, limit - t)), constant_values=c.pad_id)])[keep[:k]]
         fin_score = merged[keep[:k]]
         if first_finished is None and np.isfinite(fin_score[0]):

@@ -14,6 +14,10 @@ The same lines work in every backend with the import changed::
     step_logits, cache = model.decode([[1]], cache)   # (B, 1, V) float32; go on with the returned cache
     T.save_weights(model, "model.safetensors")
 
+    lm = T.LanguageModel(spec.preset("lm_tiny"), seed=0)   # decoder-only
+    logits = lm([[1, 7, 9]])                                # (B, T, V) float32, causal
+    new = T.generate(lm, [[1, 7, 9]], max_new_tokens=8, temperature=0.8, top_p=0.9, seed=0)
+
 Arrays are the framework's own (``torch.Tensor``, ``jax.Array``, ``tf.Tensor``); token ids may also be given
 as NumPy arrays or nested lists. The exceptions are the search results of ``impl_jax``, which are NumPy int64
 arrays: JAX holds int64 only under the process-wide ``jax_enable_x64`` flag, which a library must not set.
@@ -113,6 +117,39 @@ class Model(Protocol):
         """
 
 
+class DecoderOnlyModel(Protocol):
+    """A decoder-only language model of one impl (``LanguageModel``, ``config.decoder_only``): the decoder stack
+    without cross-attention, pre-LN or post-LN as ``config.norm_first`` says, the tied embedding as the output
+    projection."""
+
+    config: Config
+
+    def __call__(self, tokens: Any, intermediates: bool = False, *, rng: Any = None) -> Any:
+        """The forward pass over whole sequences, causal and with a key padding mask, without dropout unless given
+        the framework's own RNG as ``rng=`` (as ``Model.__call__``).
+
+        Args:
+            tokens: (B, T) int token ids; logits at position t predict token t + 1.
+            intermediates: also return the tensors of ``spec.shapes.intermediates(config, B, 0, T)``.
+        Returns:
+            logits (B, T, V) float32; with ``intermediates``, ``(logits, {name: tensor})``.
+        Raises:
+            ValueError: bad token ids (``spec.validate.check_tokens``, named ``tokens``).
+        """
+
+    def init_cache(self, batch: int, capacity: int) -> KVCache:
+        """An empty ``KVCache`` of ``capacity`` positions for ``batch`` sequences; ``memory_kv`` is empty and
+        ``memory_mask`` None (no encoder).
+
+        Raises:
+            ValueError: a batch that is not an int >= 1, or a capacity outside [1, max_len].
+        """
+
+    def decode(self, tokens: Any, cache: KVCache) -> tuple[Any, KVCache]:
+        """As ``Model.decode``: n new tokens at ``cache.length``.. (a prefill is the first call, with a whole
+        prompt) -> (logits (B, n, V) float32, the cache holding them)."""
+
+
 # The module-level functions, as reference signatures: names, argument names, order and defaults.
 
 def Transformer(config: Config, seed: int = 0) -> Model:  # noqa: N802  (a class in every impl)
@@ -120,8 +157,18 @@ def Transformer(config: Config, seed: int = 0) -> Model:  # noqa: N802  (a class
     backend (``spec.init``: each tensor from its own generator seeded by the seed and its name)."""
 
 
+def LanguageModel(config: Config, seed: int = 0) -> DecoderOnlyModel:  # noqa: N802  (a class in every impl)
+    """A decoder-only model holding ``spec.init_params(config, seed)``, as ``Transformer``.
+
+    Raises:
+        ValueError: a config that is not decoder-only (``spec.validate.check_model_kind``); ``Transformer`` raises
+            it for one that is.
+    """
+
+
 def load_weights(path: str | os.PathLike, config: Config | None = None) -> Model:
-    """A model from a canonical weights file (``spec.weights_io``).
+    """A model from a canonical weights file (``spec.weights_io``): a ``LanguageModel`` for a decoder-only config,
+    else a ``Transformer`` (so for ``from_params``).
 
     Args:
         path: a safetensors file written by any backend's ``save_weights``; config: defaults to the stored one.
@@ -179,6 +226,24 @@ def beam_search(model: Model, src: Any, beam_size: int = 4, alpha: float = 0.6,
     """
 
 
+def generate(model: DecoderOnlyModel, prompt: Any, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float = 1.0, seed: int = 0) -> Any:
+    """A continuation of each prompt (``spec.sampling.generate``), with the KV cache (one prefill call, then one
+    position per call), without dropout: greedy at ``temperature`` 0, else sampled with temperature, top-k and
+    top-p in the order ``spec.sampling`` states, from the uniforms ``spec.sampling.uniforms(seed, B,
+    max_new_tokens)``: never the framework's RNG, so every backend draws the same tokens.
+
+    Args:
+        prompt: (B, L) int, right-padded with ``pad_id``; max_new_tokens: the most tokens per row, EOS included.
+        temperature: >= 0; top_k: None (all) or an int >= 1; top_p: in (0, 1]; seed: an int in [0, 2**64).
+    Returns:
+        tokens (B, N) int64, the new tokens only, EOS included, right-padded with ``pad_id``; N <= max_new_tokens.
+    Raises:
+        ValueError: from ``spec.validate.check_prompt`` (an empty prompt, one longer than the context left for
+            ``max_new_tokens``) and ``spec.sampling.check_sampling``.
+    """
+
+
 def init_train_state(model: Model, train_config: TrainConfig | None = None, seed: int = 0) -> Any:
     """A fresh ``TrainState`` (section 5.3): ``step`` 0, ``train_config`` (default ``TrainConfig()``), Adam's
     zero fp32 moments per canonical parameter, and the dropout RNG, the framework's own, seeded from ``seed``."""
@@ -209,6 +274,30 @@ def train_step(model: Model, state: Any, src: Any, tgt_in: Any, tgt_out: Any) ->
     """
 
 
+def lm_loss_and_gradients(model: DecoderOnlyModel, tokens: Any, label_smoothing: float = 0.0
+                          ) -> tuple[Any, dict[str, Any]]:
+    """Next-token prediction: the loss of ``spec.training`` for logits ``model(tokens[:, :-1])`` against targets
+    ``tokens[:, 1:]`` (pad targets not counted) and its gradients, without dropout. No label smoothing by default
+    (GPT's convention).
+
+    Args:
+        tokens: (B, T) int, T >= 2.
+    Returns:
+        as ``loss_and_gradients``.
+    Raises:
+        ValueError: from ``spec.validate.check_lm_batch``.
+    """
+
+
+def lm_train_step(model: DecoderOnlyModel, state: Any, tokens: Any) -> tuple[Any, DecoderOnlyModel, Any]:
+    """``train_step`` for next-token prediction on tokens (B, T) (``lm_loss_and_gradients``' loss at the state's
+    ``train_config.label_smoothing``), with dropout and Adam as ``train_step``.
+
+    Raises:
+        ValueError: from ``spec.validate.check_lm_batch``.
+    """
+
+
 def save_train_state(state: Any, path: str | os.PathLike) -> None:
     """Write the state as safetensors: Adam's moments as ``m.<name>`` and ``v.<name>`` (canonical names), the
     step and ``TrainConfig``, and the RNG state in the framework's own form."""
@@ -223,9 +312,12 @@ def load_train_state(path: str | os.PathLike, model: Model) -> Any:
 
 
 FUNCTIONS: dict[str, Callable] = {f.__name__: f for f in (
-    Transformer, load_weights, save_weights, from_params, params_of, greedy_search, beam_search,
-    init_train_state, loss_and_gradients, train_step, save_train_state, load_train_state)}
-METHODS: dict[str, Callable] = {name: getattr(Model, name) for name in ("__call__", "encode", "init_cache", "decode")}
+    Transformer, LanguageModel, load_weights, save_weights, from_params, params_of, greedy_search, beam_search,
+    generate, init_train_state, loss_and_gradients, train_step, lm_loss_and_gradients, lm_train_step,
+    save_train_state, load_train_state)}
+METHODS: dict[str, dict[str, Callable]] = {
+    "Transformer": {name: getattr(Model, name) for name in ("__call__", "encode", "init_cache", "decode")},
+    "LanguageModel": {name: getattr(DecoderOnlyModel, name) for name in ("__call__", "init_cache", "decode")}}
 NAMES = (*FUNCTIONS, "KVCache", "TrainState", "__version__")
 
 
@@ -257,11 +349,12 @@ def check_api(module: ModuleType) -> list[str]:
         return problems
     for n, ref in FUNCTIONS.items():
         problems += _compare(f"{name}.{n}", getattr(module, n), ref, skip_self=False)
-    cls = module.Transformer
-    for n, ref in METHODS.items():
-        # torch: nn.Module.__call__ is (*args, **kwargs) and runs ``forward``, whose signature is the real one.
-        impl = cls.forward if n == "__call__" and "forward" in vars(cls) else getattr(cls, n)
-        problems += _compare(f"{name}.Transformer.{n}", impl, ref, skip_self=True)
+    for cls_name, methods in METHODS.items():
+        cls = getattr(module, cls_name)
+        for n, ref in methods.items():
+            # torch: nn.Module.__call__ is (*args, **kwargs) and runs ``forward``, whose signature is the real one.
+            impl = cls.forward if n == "__call__" and "forward" in vars(cls) else getattr(cls, n)
+            problems += _compare(f"{name}.{cls_name}.{n}", impl, ref, skip_self=True)
     fields = getattr(module.KVCache, "_fields", None) or tuple(getattr(module.KVCache, "__dataclass_fields__", ()))
     if tuple(fields) != KV_CACHE_FIELDS:
         problems.append(f"{name}.KVCache fields are {tuple(fields)}, the spec says {KV_CACHE_FIELDS}")

@@ -191,21 +191,25 @@ def encoder(P: Params, grads: Params, src: np.ndarray, c: Config, nx: Numerics =
 
 def decoder(P: Params, grads: Params, tgt_in: np.ndarray, memory: np.ndarray, src: np.ndarray, c: Config,
             nx: Numerics = EXACT) -> tuple[np.ndarray, Callable]:
-    """Decoder stack and tied output projection, teacher-forced: -> (logits (B, T, V), back(dlogits) -> dmemory)."""
+    """Decoder stack and tied output projection, teacher-forced: -> (logits (B, T, V), back(dlogits) -> dmemory);
+    decoder-only (``c.decoder_only``, memory and src None): no cross-attention."""
     T = tgt_in.shape[1]
     self_mask = np.tril(np.ones((T, T), bool))[None, None] & (tgt_in != c.pad_id)[:, None, None, :]  # (B,1,T,T)
-    memory_mask = (src != c.pad_id)[:, None, None, :]                        # (B, 1, 1, S)
-    dmemory = np.zeros_like(memory)
+    memory_mask = None if src is None else (src != c.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+    dmemory = None if memory is None else np.zeros_like(memory)
     y, embed_back = embed(P, grads, tgt_in, c, nx)
     backs = [embed_back]
     for i in range(c.n_decoder_layers):
         p = f"decoder.layers.{i}"
         y, b1 = sublayer(P, grads, p, "self_attn", y,
                          self_attention(P, grads, f"{p}.self_attn", self_mask, nx), c, nx)
-        y, b2 = sublayer(P, grads, p, "cross_attn", y,
-                         _cross(P, grads, f"{p}.cross_attn", memory, memory_mask, dmemory, nx), c, nx)
+        backs.append(b1)
+        if not c.decoder_only:
+            y, b2 = sublayer(P, grads, p, "cross_attn", y,
+                             _cross(P, grads, f"{p}.cross_attn", memory, memory_mask, dmemory, nx), c, nx)
+            backs.append(b2)
         y, b3 = sublayer(P, grads, p, "ffn", y, ffn(P, grads, f"{p}.ffn", nx), c, nx)
-        backs += [b1, b2, b3]
+        backs.append(b3)
     if c.norm_first:
         y, b = layer_norm(P, grads, "decoder.final_norm", y, c.layer_norm_eps, nx)
         backs.append(b)
@@ -263,20 +267,40 @@ def gradients_at(P: Params, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.nda
     """``loss_and_gradients`` at weights ``P`` as they enter the computation, float64 arrays used as given.
 
     For training trajectories in float64 (``spec.golden_training``): weights after an exact Adam step are not fp32
-    values, and ``as_float64`` would round them to ``c.dtype``. Same arguments, result and errors otherwise.
+    values, and ``as_float64`` would round them to ``c.dtype``. Same arguments, result and errors otherwise; with
+    a decoder-only config ``src`` is None and tgt_in is the model's input tokens.
     """
-    src, tgt_in, tgt_out = np.asarray(src), np.asarray(tgt_in), np.asarray(tgt_out)
-    validate.check_forward(src, tgt_in, c)
+    tgt_in, tgt_out = np.asarray(tgt_in), np.asarray(tgt_out)
+    if c.decoder_only:
+        validate.check_tokens("tokens", tgt_in, c)
+    else:
+        validate.check_forward(np.asarray(src), tgt_in, c)
     validate.check_tokens("tgt_out", tgt_out, c)
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: shape {tgt_out.shape} differs from tgt_in's {tgt_in.shape}")
     if nx.mode not in ("exact", c.dtype):
         raise ValueError(f"backward: numerics {nx.mode!r} must be 'exact' or the config's dtype {c.dtype!r}")
     grads = {k: np.zeros_like(v) for k, v in P.items()}
-    memory, encoder_back = encoder(P, grads, src, c, nx)
-    logits, decoder_back = decoder(P, grads, tgt_in, memory, src, c, nx)
+    memory, encoder_back = (None, None) if c.decoder_only else encoder(P, grads, np.asarray(src), c, nx)
+    logits, decoder_back = decoder(P, grads, tgt_in, memory, None if memory is None else np.asarray(src), c, nx)
     loss = float(nx.acc(training.label_smoothed_cross_entropy(logits, tgt_out, c, label_smoothing)))
     dlogits = nx.acc(training.loss_gradient(logits, tgt_out, c, label_smoothing))   # (B, T, V) fp32
-    encoder_back(decoder_back(dlogits))
+    dmemory = decoder_back(dlogits)
+    if encoder_back is not None:
+        encoder_back(dmemory)
     return loss, grads
+
+
+def lm_loss_and_gradients(params: dict[str, np.ndarray], tokens: np.ndarray, c: Config, label_smoothing: float = 0.0,
+                          nx: Numerics = EXACT) -> tuple[float, Params]:
+    """Next-token prediction (``spec.api.lm_loss_and_gradients``) with a decoder-only config: the loss of logits
+    of ``tokens[:, :-1]`` against ``tokens[:, 1:]`` and its gradient, as ``loss_and_gradients``.
+
+    Raises:
+        ValueError: from ``spec.validate.check_model_kind`` and ``check_lm_batch``.
+    """
+    validate.check_model_kind(c, decoder_only=True)
+    tokens = np.asarray(tokens)
+    validate.check_lm_batch(tokens, c)
+    return gradients_at(ref.as_float64(params, c), None, tokens[:, :-1], tokens[:, 1:], c, label_smoothing, nx)
 

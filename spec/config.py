@@ -18,9 +18,12 @@ DTYPES = ("bfloat16", "float32")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Hyper-parameters of the encoder-decoder Transformer.
+    """Hyper-parameters of the encoder-decoder Transformer, or of the decoder-only language model.
 
-    Field names follow the paper. ``norm_first=False`` is the paper's post-LN
+    Field names follow the paper. ``n_encoder_layers=0`` is the decoder-only model (``decoder_only``): the decoder
+    stack without cross-attention sublayers, over one token sequence (Radford et al., 2018; Liu et al., 2018),
+    the model of ``LanguageModel`` in every impl; ``pad_id`` then pads prompts and batches, and ``bos_id``/``eos_id``
+    are the tokens a text starts and ends with. ``norm_first=False`` is the paper's post-LN
     block ``LayerNorm(x + Sublayer(x))`` (section 3.1, 5.4); ``True`` is the
     pre-LN variant ``x + Sublayer(LayerNorm(x))`` with a final LayerNorm on each
     stack. ``dtype`` is the dtype of activations between sublayers and
@@ -52,8 +55,10 @@ class Config:
         positive = ("vocab_size", "d_model", "n_heads", "d_k", "d_v", "d_ff", "max_len")
         for name in positive:
             _require(name, _is_int(getattr(self, name)) and getattr(self, name) > 0, "must be a positive int")
-        for name in ("n_encoder_layers", "n_decoder_layers"):
-            _require(name, _is_int(getattr(self, name)) and getattr(self, name) >= 1, "must be an int >= 1")
+        _require("n_encoder_layers", _is_int(self.n_encoder_layers) and self.n_encoder_layers >= 0,
+                 "must be an int >= 0 (0: decoder-only)")
+        _require("n_decoder_layers", _is_int(self.n_decoder_layers) and self.n_decoder_layers >= 1,
+                 "must be an int >= 1")
         _require("d_model", self.d_model % 2 == 0, "must be even (sinusoidal encoding pairs sin and cos)")
         _require("dropout", isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0, "must lie in [0, 1)")
         _require("layer_norm_eps", isinstance(self.layer_norm_eps, float) and self.layer_norm_eps > 0.0,
@@ -67,6 +72,11 @@ class Config:
         _require("norm_first", isinstance(self.norm_first, bool), "must be a bool")
         for name in ("dtype", "param_dtype"):
             _require(name, getattr(self, name) in DTYPES, f"must be one of {DTYPES}, got {getattr(self, name)!r}")
+
+    @property
+    def decoder_only(self) -> bool:
+        """True for the decoder-only language model (``n_encoder_layers == 0``)."""
+        return self.n_encoder_layers == 0
 
     def replace(self, **changes: Any) -> Config:
         """A copy with ``changes`` applied and validated again."""
@@ -112,11 +122,21 @@ TINY = Config(vocab_size=61, d_model=32, n_heads=4, d_k=16, d_v=8, d_ff=48,
 MINI = Config(vocab_size=8000, d_model=256, n_heads=4, d_k=64, d_v=64, d_ff=1024, n_encoder_layers=3,
               n_decoder_layers=3, max_len=256, dropout=0.1, param_dtype="float32")
 
-PRESETS: dict[str, Config] = {"base": BASE, "big": BIG, "mini": MINI, "tiny": TINY}
+# Decoder-only language models (``decoder_only``), pre-LN with a final LayerNorm as GPT-2 is. lm_tiny: tiny's
+# layers without the encoder. gpt2_small: the size of GPT-2 small (Radford et al., 2019: 12 layers, d_model 768,
+# 12 heads, d_ff 3072, a 1024-token context, 50257 byte-level BPE tokens), with this paper's layers (sinusoidal
+# positions, ReLU, no attention biases, the embedding scaled by sqrt(d_model)): its size, not its weights.
+LM_TINY = TINY.replace(n_encoder_layers=0, norm_first=True)
+GPT2_SMALL = Config(vocab_size=50257, d_model=768, n_heads=12, d_k=64, d_v=64, d_ff=3072, n_encoder_layers=0,
+                    n_decoder_layers=12, max_len=1024, dropout=0.1, norm_first=True)
+
+PRESETS: dict[str, Config] = {"base": BASE, "big": BIG, "gpt2_small": GPT2_SMALL, "lm_tiny": LM_TINY, "mini": MINI,
+                              "tiny": TINY}
 
 
 def preset(name: str, **changes: Any) -> Config:
-    """The preset ``name`` ("base", "big", "mini" or "tiny") with optional ``changes``."""
+    """The preset ``name`` (``PRESETS``: "base", "big", "mini", "tiny"; decoder-only "lm_tiny", "gpt2_small") with
+    optional ``changes``."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name].replace(**changes)

@@ -23,10 +23,20 @@ def _ffn(c: Config, B: int, n: int) -> int:
 
 
 def forward_flops(c: Config, B: int, S: int, T: int) -> int:
-    """Matmul FLOPs of one teacher-forced forward: src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+    """Matmul FLOPs of one teacher-forced forward: src (B, S), tgt_in (B, T) -> logits (B, T, V); of a decoder-only
+    model's forward of tokens (B, T) with S=0."""
     enc = c.n_encoder_layers * (_attention(c, B, S, S) + _ffn(c, B, S))
-    dec = c.n_decoder_layers * (_attention(c, B, T, T) + _attention(c, B, T, S) + _ffn(c, B, T))
+    cross = 0 if c.decoder_only else _attention(c, B, T, S)
+    dec = c.n_decoder_layers * (_attention(c, B, T, T) + cross + _ffn(c, B, T))
     return enc + dec + 2 * B * T * c.d_model * c.vocab_size
+
+
+def decode_flops(c: Config, B: int, n: int, context: int) -> int:
+    """Matmul FLOPs of one decoder-only ``decode`` of n new positions after ``context`` cached ones (a prefill is
+    context 0): keys and values are projected for the new positions only, attention spans context + n."""
+    D, HK, HC = c.d_model, c.n_heads * c.d_k, c.n_heads * c.d_v
+    attn = 2 * B * n * D * (2 * HK + HC) + 2 * B * n * HC * D + 2 * B * n * (context + n) * (HK + HC)
+    return c.n_decoder_layers * (attn + _ffn(c, B, n)) + 2 * B * n * D * c.vocab_size
 
 
 def train_step_flops(c: Config, B: int, S: int, T: int) -> int:

@@ -20,6 +20,12 @@ rows' lengths). A backend computes steps 1-4 in fp32; the reference in float64 (
 does (faithful). Where the two differ by a rounding, a draw near a boundary may differ: ``trace`` records each
 draw's margins, as the decoding golden cases record their decision margins.
 
+``generate`` continues a batch of prompts with the decoder-only model: prompts right-padded, each row's generated
+token t placed at position ``length_b + t`` (absolute positions, as the row alone would have them), drawn with
+``u[b, t]``. The positions every row's prompt covers are fed in one prefill call; from there one position per
+call, a row still inside its prompt fed its next prompt token (teacher forcing), the others their new token. A row
+ends at EOS or after ``max_new_tokens``; the output is right-padded with ``pad_id`` to the longest row.
+
 Raises (``check_sampling``): ``ValueError`` for a temperature that is negative or not finite, a top_k that is
 not an int >= 1, a top_p outside (0, 1] or NaN, or a seed outside [0, 2**64).
 """
@@ -28,7 +34,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from spec import reference as ref
+from spec import validate
+from spec.config import Config
 from spec.numerics import Numerics
+from spec.search import forbid_special
 from spec.validate import is_int
 
 Trace = dict | None
@@ -61,7 +71,8 @@ def sample(logits: np.ndarray, u: np.ndarray, temperature: float, top_k: int | N
            nx: Numerics, trace: Trace = None) -> np.ndarray:
     """One step's tokens: logits (B, V) fp32 with pad and BOS at -inf, u (B,) -> tokens (B,) int64.
 
-    With ``trace``, ``trace["rows"][b]`` holds the draw's margins: ``u_margin``, the distance of u from the
+    With ``trace``, ``trace["rows"][b]`` holds the draw's margins: greedy, ``argmax_margin`` (the gap between the
+    two largest logits); sampling, ``u_margin``, the distance of u from the
     nearest cumulative-probability boundary of the drawn prefix; ``top_k_margin``, the logit gap at the top-k cut
     (after temperature); ``top_p_margin``, the distance of the cumulative probability from p at the top-p cut (inf
     where a stage keeps everything).
@@ -70,7 +81,8 @@ def sample(logits: np.ndarray, u: np.ndarray, temperature: float, top_k: int | N
     out = np.empty(len(logits), np.int64)
     for b, (z, ub) in enumerate(zip(np.asarray(logits, np.float64), u, strict=True)):
         if temperature == 0:
-            out[b], margins = int(np.argmax(z)), {}
+            top2 = np.sort(z)[-2:]
+            out[b], margins = int(np.argmax(z)), {"argmax_margin": float(top2[1] - top2[0])}
         else:
             out[b], margins = _sample_row(z, float(ub), temperature, top_k, top_p, nx)
         rows.append(margins)
@@ -99,3 +111,41 @@ def _sample_row(z: np.ndarray, u: float, temperature: float, top_k: int | None, 
     j = min(int(np.searchsorted(c, u, side="right")), n - 1)
     u_margin = float(min(c[j] - u, u - c[j - 1] if j > 0 else u))
     return int(kept[j]), {"u_margin": u_margin, "top_k_margin": top_k_margin, "top_p_margin": top_p_margin}
+
+
+def generate(params: ref.Params, prompt: np.ndarray, c: Config, nx: Numerics, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
+             trace: Trace = None) -> np.ndarray:
+    """The decoder-only model's continuation of prompt (B, L) (module docstring) -> tokens (B, N) int64, EOS
+    included, right-padded with ``pad_id``, N <= max_new_tokens. With ``trace``, ``trace["rows"][b]`` lists the
+    margins of each of row b's draws (``sample``).
+
+    Raises:
+        ValueError: from ``validate.check_prompt`` and ``check_sampling``.
+    """
+    prompt = np.asarray(prompt)
+    lengths = validate.check_prompt(prompt, c, max_new_tokens)
+    check_sampling(temperature, top_k, top_p, seed)
+    B, first = len(prompt), int(lengths.min())
+    model = ref.LanguageModel(params, c, nx)
+    cache = model.init_cache(B, int(lengths.max()) + max_new_tokens)
+    u, out = uniforms(seed, B, max_new_tokens), np.full((B, max_new_tokens), c.pad_id, np.int64)
+    rows = None if trace is None else trace.setdefault("rows", [[] for _ in range(B)])
+    done = np.zeros(B, bool)
+    logits, cache = model.decode(prompt[:, :first], cache)                   # prefill
+    for pos in range(first, first + int(lengths.max() - lengths.min()) + max_new_tokens):
+        step = pos - lengths                                                  # each row's next token; < 0: prompt
+        live = np.flatnonzero((step >= 0) & ~done)
+        step_trace = None if trace is None else {}
+        drawn = sample(forbid_special(logits[live, -1], c), u[live, step[live]], temperature, top_k, top_p, nx,
+                       step_trace)
+        out[live, step[live]] = drawn
+        for i, b in enumerate(live if rows is not None else ()):
+            rows[b].append(step_trace["rows"][i])
+        done[live] |= (drawn == c.eos_id) | (step[live] + 1 == max_new_tokens)
+        if done.all():
+            break
+        new = out[np.arange(B), np.clip(step, 0, max_new_tokens - 1)]
+        fed = np.where(step < 0, prompt[:, min(pos, prompt.shape[1] - 1)], new)      # teacher-forced in the prompt
+        logits, cache = model.decode(np.where(done, c.pad_id, fed)[:, None], cache)
+    return out[:, :int((out != c.pad_id).sum(axis=1).max())]

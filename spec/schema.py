@@ -53,7 +53,9 @@ def _ffn(prefix: str, c: Config) -> list[ParamSpec]:
 
 
 def param_specs(c: Config) -> list[ParamSpec]:
-    """Every parameter of the model for config ``c``, in canonical order."""
+    """Every parameter of the model for config ``c``, in canonical order. A decoder-only model (``c.decoder_only``)
+    has no encoder and no cross-attention: the embedding, the decoder's self-attention and FFN sublayers with their
+    norms, and (pre-LN) ``decoder.final_norm``."""
     specs = [ParamSpec("embedding", (c.vocab_size, c.d_model), c.param_dtype, "embedding")]
     for i in range(c.n_encoder_layers):
         p = f"encoder.layers.{i}"
@@ -64,7 +66,8 @@ def param_specs(c: Config) -> list[ParamSpec]:
     for i in range(c.n_decoder_layers):
         p = f"decoder.layers.{i}"
         specs += _attention(f"{p}.self_attn", c) + _norm(f"{p}.self_attn_norm", c)
-        specs += _attention(f"{p}.cross_attn", c) + _norm(f"{p}.cross_attn_norm", c)
+        if not c.decoder_only:
+            specs += _attention(f"{p}.cross_attn", c) + _norm(f"{p}.cross_attn_norm", c)
         specs += _ffn(f"{p}.ffn", c) + _norm(f"{p}.ffn_norm", c)
     if c.norm_first:
         specs += _norm("decoder.final_norm", c)

@@ -68,14 +68,19 @@ def resolve(entry: Entry, c: Config, **dims: int) -> tuple[tuple[int, ...], str]
     return shape, c.dtype if dtype == "act" else dtype
 
 
+def decoder_sublayers(c: Config) -> tuple[str, ...]:
+    """A decoder layer's sublayers in order: without cross-attention in a decoder-only model."""
+    return ("self_attn", "ffn") if c.decoder_only else ("self_attn", "cross_attn", "ffn")
+
+
 def dropout_sites(c: Config) -> list[str]:
     """Where dropout applies in training (section 5.4, ``spec.training``), in the order a forward reaches them: the
-    embedding sums of both stacks and every sublayer's output, before its residual sum; never attention weights."""
-    sites = ["src_embed"]
+    embedding sums of both stacks and every sublayer's output, before its residual sum; never attention weights.
+    A decoder-only model has the decoder's only."""
+    sites = [] if c.decoder_only else ["src_embed"]
     sites += [f"encoder.layers.{i}.{sub}" for i in range(c.n_encoder_layers) for sub in ("self_attn", "ffn")]
     sites += ["tgt_embed"]
-    sites += [f"decoder.layers.{i}.{sub}" for i in range(c.n_decoder_layers)
-              for sub in ("self_attn", "cross_attn", "ffn")]
+    sites += [f"decoder.layers.{i}.{sub}" for i in range(c.n_decoder_layers) for sub in decoder_sublayers(c)]
     return sites
 
 
@@ -83,18 +88,22 @@ def intermediates(c: Config, B: int, S: int, T: int, dropout: bool = False
                   ) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every tensor a full forward records (``spec.reference.forward`` inside ``spec.recording.recording()``):
     name -> (shape, dtype). A dropout site's tensor is its value after dropout; a forward with dropout (an ``rng``,
-    ``dropout``) also records each site's keep mask as ``<site>.keep``, bool, True where the element was kept."""
+    ``dropout``) also records each site's keep mask as ``<site>.keep``, bool, True where the element was kept.
+    A decoder-only model (``LanguageModel``'s forward of tokens (B, T)) records no ``src_embed`` or ``encoder.*``;
+    pass S=0."""
     act, out = c.dtype, {}
-    out["src_embed"] = ((B, S, c.d_model), act)
+    if not c.decoder_only:
+        out["src_embed"] = ((B, S, c.d_model), act)
     for i in range(c.n_encoder_layers):
         for sub in ("self_attn", "ffn"):
             out[f"encoder.layers.{i}.{sub}"] = ((B, S, c.d_model), act)
             out[f"encoder.layers.{i}.{sub}.residual"] = ((B, S, c.d_model), act)
         out[f"encoder.layers.{i}.out"] = ((B, S, c.d_model), act)
-    out["encoder.out"] = ((B, S, c.d_model), act)
+    if not c.decoder_only:
+        out["encoder.out"] = ((B, S, c.d_model), act)
     out["tgt_embed"] = ((B, T, c.d_model), act)
     for i in range(c.n_decoder_layers):
-        for sub in ("self_attn", "cross_attn", "ffn"):
+        for sub in decoder_sublayers(c):
             out[f"decoder.layers.{i}.{sub}"] = ((B, T, c.d_model), act)
             out[f"decoder.layers.{i}.{sub}.residual"] = ((B, T, c.d_model), act)
         out[f"decoder.layers.{i}.out"] = ((B, T, c.d_model), act)

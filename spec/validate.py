@@ -180,3 +180,66 @@ def check_decode(tokens: np.ndarray, c: Config, cache_batch: int, cache_length: 
         raise ValueError(f"tokens: batch {B} differs from the cache's {cache_batch}")
     if cache_length + n > capacity:
         raise ValueError(f"tokens: {n} new positions after {cache_length} exceed the cache capacity {capacity}")
+
+
+def check_model_kind(c: Config, decoder_only: bool) -> None:
+    """A config for the model being built: ``Transformer`` (encoder-decoder) or ``LanguageModel`` (decoder-only).
+
+    Raises:
+        ValueError: naming the other class, if ``c.decoder_only`` is not ``decoder_only``.
+    """
+    if c.decoder_only and not decoder_only:
+        raise ValueError("config: n_encoder_layers=0 is a decoder-only model; build it as a LanguageModel")
+    if decoder_only and not c.decoder_only:
+        raise ValueError(f"config: a LanguageModel is decoder-only (n_encoder_layers=0), got n_encoder_layers="
+                         f"{c.n_encoder_layers}; build an encoder-decoder as a Transformer")
+
+
+def check_lm_batch(tokens: np.ndarray, c: Config) -> None:
+    """Checks for next-token prediction on tokens (B, T): inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
+
+    Raises:
+        ValueError: as ``check_tokens`` (named ``tokens``), if T < 2, or if every target is ``pad_id``.
+    """
+    check_tokens("tokens", tokens, c)
+    if np.shape(tokens)[1] < 2:
+        raise ValueError(f"tokens: next-token prediction needs a length >= 2, got shape {np.shape(tokens)}")
+    if (np.asarray(tokens)[:, 1:] == c.pad_id).all():
+        raise ValueError("loss: every target is pad_id; the mean over non-pad positions is undefined")
+
+
+def check_prompt(prompt: np.ndarray, c: Config, max_new_tokens: int) -> np.ndarray:
+    """Checks for ``generate``: prompts (B, L), right-padded with ``pad_id``, and the tokens to add. Returns each
+    row's prompt length (B,) int64.
+
+    Raises:
+        ValueError: as ``check_tokens`` (named ``prompt``), for a row that is all padding (an empty prompt) or has
+            ``pad_id`` before a token (prompts are right-padded), a ``max_new_tokens`` that is not a positive int,
+            or a row whose length plus ``max_new_tokens`` exceeds ``max_len`` (never silently cut).
+    """
+    check_tokens("prompt", prompt, c)
+    real = np.asarray(prompt) != c.pad_id
+    lengths = real.sum(axis=1).astype(np.int64)
+    if (lengths == 0).any():
+        raise ValueError(f"prompt: row {int(np.flatnonzero(lengths == 0)[0])} is empty (all pad_id={c.pad_id})")
+    gaps = np.flatnonzero((real != (np.arange(real.shape[1]) < lengths[:, None])).any(axis=1))
+    if gaps.size:
+        raise ValueError(f"prompt: row {int(gaps[0])} has pad_id={c.pad_id} before a token; prompts are "
+                         f"right-padded")
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if int(lengths.max()) + int(max_new_tokens) > c.max_len:
+        raise ValueError(f"prompt: a prompt of {int(lengths.max())} tokens and max_new_tokens={max_new_tokens} need "
+                         f"{int(lengths.max()) + int(max_new_tokens)} positions but max_len is {c.max_len}")
+    return lengths
+
+
+def check_cache_size(batch: int, capacity: int, c: Config) -> None:
+    """A decoder-only model's KV cache: ``batch`` an int >= 1, ``capacity`` as ``check_capacity``.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    if not is_int(batch) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    check_capacity(capacity, c)

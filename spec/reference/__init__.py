@@ -15,11 +15,14 @@ from spec.config import Config
 from spec.numerics import Numerics
 from spec.reference import layers
 from spec.reference.layers import Params, positional_encoding
+from spec.reference.lm import LanguageModel
 from spec.reference.model import KVCache, Transformer, causal_mask, key_padding_mask
 from spec.reference.numerics import round_to
 
-__all__ = ["KVCache", "Params", "Transformer", "as_float64", "causal_mask", "forward", "key_padding_mask", "layer_norm",
-           "positional_encoding", "run_layer", "scaled_dot_product_attention"]
+__all__ = [
+    "KVCache", "LanguageModel", "Params", "Transformer", "as_float64", "causal_mask",
+    "forward", "key_padding_mask", "layer_norm", "positional_encoding", "run_layer", "scaled_dot_product_attention",
+]
 
 
 def as_float64(params: dict[str, np.ndarray], c: Config) -> Params:

@@ -149,13 +149,15 @@ class EncoderLayer:
 
 class DecoderLayer:
     """Masked self-attention, cross-attention over the encoder output, FFN (section 3.1), each with its residual
-    line as ``EncoderLayer``'s: (B, n, D) -> (B, n, D)."""
+    line as ``EncoderLayer``'s: (B, n, D) -> (B, n, D). A decoder-only model's layer (``config.decoder_only``) has
+    no cross-attention (``cross_attn`` None)."""
 
     def __init__(self, params: Params, prefix: str, c: Config, nx: Numerics):
         self.self_attn = MultiHeadAttention(params, f"{prefix}.self_attn", nx)
         self.self_attn_norm = LayerNorm(params, f"{prefix}.self_attn_norm", c.layer_norm_eps, nx)
-        self.cross_attn = MultiHeadAttention(params, f"{prefix}.cross_attn", nx)
-        self.cross_attn_norm = LayerNorm(params, f"{prefix}.cross_attn_norm", c.layer_norm_eps, nx)
+        self.cross_attn = None if c.decoder_only else MultiHeadAttention(params, f"{prefix}.cross_attn", nx)
+        self.cross_attn_norm = None if c.decoder_only else LayerNorm(params, f"{prefix}.cross_attn_norm",
+                                                                       c.layer_norm_eps, nx)
         self.ffn = FeedForward(params, f"{prefix}.ffn", nx)
         self.ffn_norm = LayerNorm(params, f"{prefix}.ffn_norm", c.layer_norm_eps, nx)
         self.norm_first, self.rate, self.nx = c.norm_first, c.dropout, nx
@@ -168,7 +170,7 @@ class DecoderLayer:
         self_kv: this layer's self-attention buffer k (B, H, P, K), v (B, H, P, C); the new positions' keys and
         values are written into it at ``start`` and the t = start + n written ones attended over, with
         self_mask (B, n, t). memory_kv: the cross-attention keys/values of the encoder output (B, H, S, K|C),
-        memory_mask (B, 1, S). Dropout from ``rng``.
+        memory_mask (B, 1, S); both None in a decoder-only model. Dropout from ``rng``.
         """
         h = self.self_attn_norm.forward(y) if self.norm_first else y
         k, v = self.self_attn.project_kv(h)                                     # (B, H, n, K), (B, H, n, C)
@@ -177,9 +179,11 @@ class DecoderLayer:
         h = self.self_attn.forward(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]), self_mask)
         y = self.nx.act(y + dropout(h, "self_attn", self.rate, rng, self.nx))
         y = record("self_attn.residual", y if self.norm_first else self.self_attn_norm.forward(y))
-        h = self.cross_attn.forward(self.cross_attn_norm.forward(y) if self.norm_first else y, memory_kv, memory_mask)
-        y = self.nx.act(y + dropout(h, "cross_attn", self.rate, rng, self.nx))
-        y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm.forward(y))
+        if self.cross_attn is not None:
+            h = self.cross_attn_norm.forward(y) if self.norm_first else y
+            h = self.cross_attn.forward(h, memory_kv, memory_mask)
+            y = self.nx.act(y + dropout(h, "cross_attn", self.rate, rng, self.nx))
+            y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm.forward(y))
         h = self.ffn.forward(self.ffn_norm.forward(y) if self.norm_first else y)
         y = self.nx.act(y + dropout(h, "ffn", self.rate, rng, self.nx))
         return record("ffn.residual", y if self.norm_first else self.ffn_norm.forward(y)), self_kv

@@ -25,7 +25,8 @@ class KVCache:
     """The decoder state (``spec.api``): per decoder layer the self-attention buffer ``self_kv`` (k (B, H, P, K),
     v (B, H, P, C)) written at positions < ``length``, ``key_mask`` (B, P) True at a written non-pad position,
     the encoder output's cross-attention ``memory_kv`` (k (B, H, S, K), v (B, H, S, C)) and ``memory_mask``
-    (B, S). ``Transformer.decode`` writes it in place and returns it."""
+    (B, S); a decoder-only model's has ``memory_kv`` [] and ``memory_mask`` None. ``decode`` writes it in place and
+    returns it."""
 
     self_kv: list[tuple[np.ndarray, np.ndarray]]
     key_mask: np.ndarray
@@ -82,11 +83,12 @@ class Decoder(Stack):
         """
         start, end = cache.length, cache.length + y.shape[1]
         self_mask = causal_mask(start, y.shape[1], end) & cache.key_mask[:, None, :end]      # (B, n, end)
-        memory_mask = cache.memory_mask[:, None]                                             # (B, 1, S)
+        memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None]      # (B, 1, S)
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
-                y, cache.self_kv[i] = layer.forward(y, cache.self_kv[i], self_mask, cache.memory_kv[i],
-                                                    memory_mask, start, rng)
+                memory_kv = cache.memory_kv[i] if cache.memory_kv else None                  # decoder-only: none
+                y, cache.self_kv[i] = layer.forward(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start,
+                                                    rng)
                 record("out", y)
         cache.length = end
         return (y if self.final_norm is None else self.final_norm.forward(y)), cache
@@ -96,6 +98,7 @@ class Transformer:
     """The model of ``params`` (float64, ``as_float64``) computing as ``nx`` says: the ``spec.api`` methods."""
 
     def __init__(self, params: Params, c: Config, nx: Numerics):
+        validate.check_model_kind(c, decoder_only=False)
         self.config, self.nx = c, nx
         self.embedder = Embedder(params, c, nx)
         self.encoder = Encoder(params, c, nx)
@@ -131,8 +134,15 @@ class Transformer:
     def decode(self, tokens: np.ndarray, cache: KVCache, rng: Rng = None) -> tuple[np.ndarray, KVCache]:
         """n new tokens (B, n) at positions ``cache.length``.. -> (logits (B, n, V), cache), written in place;
         dropout from ``rng``."""
-        start = cache.length
-        cache.key_mask[:, start:start + tokens.shape[1]] = key_padding_mask(tokens, self.config.pad_id)
-        y = dropout(self.embedder.encode(tokens, start), "tgt_embed", self.config.dropout, rng, self.nx)
-        h, cache = self.decoder.forward(y, cache, rng)
-        return record("logits", self.embedder.decode(record("decoder.out", h))), cache
+        return decode(self, tokens, cache, rng)
+
+
+def decode(model: Transformer, tokens: np.ndarray, cache: KVCache, rng: Rng = None
+           ) -> tuple[np.ndarray, KVCache]:
+    """The decoder of either model (``Transformer``, ``spec.reference.lm.LanguageModel``): tokens (B, n) at
+    ``cache.length``.. -> (logits (B, n, V), cache)."""
+    start = cache.length
+    cache.key_mask[:, start:start + tokens.shape[1]] = key_padding_mask(tokens, model.config.pad_id)
+    y = dropout(model.embedder.encode(tokens, start), "tgt_embed", model.config.dropout, rng, model.nx)
+    h, cache = model.decoder.forward(y, cache, rng)
+    return record("logits", model.embedder.decode(record("decoder.out", h))), cache

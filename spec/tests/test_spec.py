@@ -27,7 +27,7 @@ def test_presets_follow_table_3():
     ("d_model", 0, "Config.d_model must be a positive int"),
     ("d_model", 33, "Config.d_model must be even"),
     ("n_heads", 2.0, "Config.n_heads must be a positive int"),
-    ("n_encoder_layers", 0, "Config.n_encoder_layers must be an int >= 1"),
+    ("n_encoder_layers", -1, "Config.n_encoder_layers must be an int >= 0"),
     ("dropout", 1.0, "Config.dropout must lie in"),
     ("layer_norm_eps", 0.0, "Config.layer_norm_eps must be a positive float"),
     ("pad_id", 61, "Config.pad_id must be an int in"),

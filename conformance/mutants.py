@@ -13,7 +13,11 @@ special tokens, a greedy search that writes on after a row's EOS); and seven
 break training (label smoothing off, padding counted in the loss, Adam's beta2
 0.999, no warmup, dropout left on in evaluation, dropout applied after the
 residual sum, which only the dropout check sees, weight gradients rounded to
-bf16 in mixed precision).
+bf16 in mixed precision). Six more break the decoder-only model and sampling
+(``conformance.mutations_lm``): a causal mask that shows the next position, a
+missing final LayerNorm, temperature applied after the softmax, top-p keeping
+one token too few, top-k ties to the higher id, and uniforms that are not the
+spec's.
 The suite runs against the mutated reference backend (``--mutant NAME``), in a
 subprocess per mutant, and must fail; the table names the checks that caught it.
 
@@ -32,7 +36,11 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conformance.mutations import MUTANTS, resolve
+from conformance.mutations import MUTANTS as PAPER_MUTANTS
+from conformance.mutations import resolve
+from conformance.mutations_lm import LM_MUTANTS
+
+MUTANTS = {**PAPER_MUTANTS, **LM_MUTANTS}
 
 
 def apply(name: str) -> None:

@@ -9,12 +9,13 @@ import dataclasses
 
 import numpy as np
 
-from spec import backward, search, training
+from spec import backward, sampling, search, training
 from spec.numerics import MASKED_SCORE
 from spec.reference import layers, model
 from spec.reference.numerics import linear
 
-_ROOTS = {"layers": layers, "model": model, "search": search, "training": training, "backward": backward}
+_ROOTS = {"layers": layers, "model": model, "search": search, "training": training, "backward": backward,
+          "sampling": sampling}
 
 
 def resolve(path: str):

@@ -33,7 +33,7 @@ def test_golden_rounding_points(case, model_for, record_property):
 
 @pytest.mark.parametrize("case", G.cases("forward"), ids=lambda c: c.name)
 def test_golden_forward(case, model_for, record):
-    src, tgt_in = case.inputs["src"], case.inputs["tgt_in"]
+    src, tgt_in = _ids(case)
     logits, inter = model_for(case).forward(src, tgt_in, intermediates=True)
     got = {**inter, "logits": logits}
     recorded = {name.removesuffix("@rows") for name in case.expected}
@@ -54,7 +54,7 @@ CHUNKS = {"one_per_call": lambda T: None, "prefill": lambda T: [T], "chunks": la
 @pytest.mark.parametrize("chunks", CHUNKS)
 @pytest.mark.parametrize("case", G.cases("incremental"), ids=lambda c: c.name)
 def test_golden_incremental(case, chunks, model_for, record):
-    src, tgt_in = case.inputs["src"], case.inputs["tgt_in"]
+    src, tgt_in = _ids(case)
     steps = model_for(case).decode_steps(src, tgt_in, chunks=CHUNKS[chunks](tgt_in.shape[1]))
     record({"step_logits": G.judge_tensor(case, "step_logits", {"step_logits": steps}, {"tgt": tgt_in})})
 
@@ -73,12 +73,36 @@ def test_golden_beam(case, model_for):
     np.testing.assert_array_equal(tokens, case.expected["tokens"], err_msg=f"decision margin {d['margin']:.3g}")
 
 
+@pytest.mark.parametrize("case", G.cases("generate"), ids=lambda c: c.name)
+def test_golden_generate(case, model_for):
+    """A decoder-only model's greedy and sampled continuations: every draw decided (``spec.golden_lm``)."""
+    d = case.meta["decode"]
+    settings = {k: d[k] for k in ("temperature", "top_k", "top_p", "seed") if k in d}
+    tokens = model_for(case).generate(case.inputs["prompt"], d["max_new_tokens"], **settings)
+    np.testing.assert_array_equal(tokens, case.expected["tokens"],
+                                  err_msg=f"margins over what the tolerance can move: {d['margins_over_slack']}")
+
+
+@pytest.mark.parametrize("case", G.cases("sample"), ids=lambda c: c.name)
+def test_golden_sample(case, backend):
+    """The sampling step alone on logits with exact ties: temperature, top-k, top-p and the draw, in the spec's
+    order, with its tie rules (``spec.sampling``)."""
+    logits, u, setting = case.inputs["logits"], case.inputs["u"], case.inputs["setting"]
+    got = np.empty(len(logits), np.int64)
+    for i, settings in enumerate(case.meta["settings"]):
+        rows = np.flatnonzero(setting == i)
+        got[rows] = backend.sample(logits[rows], u[rows], **settings)
+    wrong = {int(i): (int(got[i]), int(case.expected["tokens"][i]), case.meta["settings"][setting[i]])
+             for i in np.flatnonzero(got != case.expected["tokens"])}
+    assert not wrong, f"row: (drawn, expected, settings): {wrong}"
+
+
 @pytest.mark.parametrize("case", G.cases("train"), ids=lambda c: c.name)
 def test_golden_train(case, model_for, record, record_property):
     """Loss per step, the first step's gradients and the weights after steps 1 and 3 (spec.golden_training), judged
     on whole tensors against the spec's exact run, recomputed live and checked against what the case stores."""
     t = case.meta["train"]
-    batches = list(zip(case.inputs["src"], case.inputs["tgt_in"], case.inputs["tgt_out"], strict=True))
+    batches = golden_training.batches_of(case.inputs)
     c, params = golden_cases.case_params(case.meta, case.params)
     result = model_for(case).train(batches, TrainConfig(**t["train_config"]), record_after=(1, t["steps"]))
     if c.dtype == "bfloat16":  # mixed precision: fp32 weight gradients, not bf16 ones (spec.agreement)
@@ -90,3 +114,10 @@ def test_golden_train(case, model_for, record, record_property):
     stored = golden_training.stored(exact, undecided, golden_training.CASES[case.name])
     assert all(np.array_equal(stored[k], v) for k, v in case.expected.items()), "the spec no longer gives the case"
     record(golden_training.judge(case.meta, exact, undecided, result))
+
+
+def _ids(case) -> tuple:
+    """(src, tgt_in) of a case; a decoder-only case's (None, tokens)."""
+    if "tokens" in case.inputs:
+        return None, case.inputs["tokens"]
+    return case.inputs["src"], case.inputs["tgt_in"]

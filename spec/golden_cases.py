@@ -41,7 +41,7 @@ import numpy as np
 import safetensors.numpy
 
 from spec import tolerance
-from spec.config import BASE, TINY, Config
+from spec.config import BASE, LM_TINY, TINY, Config
 from spec.demo import DEMO_CONFIG
 from spec.init import init_params
 from spec.schema import param_specs
@@ -54,12 +54,15 @@ SMALL = Config(vocab_size=97, d_model=64, n_heads=4, d_k=16, d_v=16, d_ff=128,
                n_encoder_layers=3, n_decoder_layers=3, max_len=64, dropout=0.1)
 # tiny_decoding: room for the residual-cancelling last FFN of the decoding cases (2 * d_model hidden units).
 CONFIGS = {"tiny": TINY, "tiny_prenorm": TINY.replace(norm_first=True), "small": SMALL, "base": BASE,
-           "tiny_decoding": TINY.replace(d_ff=80), "reverse": DEMO_CONFIG}
+           "tiny_decoding": TINY.replace(d_ff=80), "reverse": DEMO_CONFIG,
+           # decoder-only (``spec.golden_lm``); lm_tiny_decoding as tiny_decoding
+           "lm_tiny": LM_TINY, "lm_tiny_postnorm": LM_TINY.replace(norm_first=False),
+           "lm_tiny_decoding": LM_TINY.replace(norm_first=False, d_ff=80)}
 EOS_BOOST = 2.0  # decoding cases scale E[eos] (by a power of two, exact) so that some hypotheses end
 
 
-def config(name: str, dtype: str) -> Config:
-    return CONFIGS[name].replace(dtype=dtype, param_dtype=dtype)
+def config(name: str, dtype: str, param_dtype: str | None = None) -> Config:
+    return CONFIGS[name].replace(dtype=dtype, param_dtype=param_dtype or dtype)
 
 
 def positions_of(tensor: str) -> str | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from spec import golden_search, golden_training
+from spec import golden_lm, golden_search, golden_training
 from spec import reference as ref
 from spec.config import Config
 from spec.golden_cases import GOLDEN_DIR, Writer, checked_part, config, faithful_stats, make_params, random_tokens
@@ -183,6 +183,7 @@ def generate(root: Path) -> None:
     _forward_case(w, "incremental_tiny_bfloat16", "tiny", "bfloat16", 7, [8, 5], 8, [7, 4], 7, incremental=True)
     for d in golden_search.DECODING_CASES:
         golden_search.decode_case(w, d)
+    golden_lm.generate(w)
     golden_training.generate(w)
 
 

@@ -91,14 +91,26 @@ def trajectory(params: dict[str, np.ndarray], batches: list[tuple[np.ndarray, np
     master = {k: np.asarray(v, np.float64) for k, v in params.items()}
     state = training.adam_init(master)
     out = {"loss": [], "grads": [], "params": []}
-    for src, tgt_in, tgt_out in batches:
-        loss, grads = backward.gradients_at(model_weights(master, c), src, tgt_in, tgt_out, c, tc.label_smoothing,
+    for batch in batches:
+        loss, grads = backward.gradients_at(model_weights(master, c), *_teacher_forced(batch), c, tc.label_smoothing,
                                             nx)
         master, state = training.adam_update(master, grads, state, c.d_model, tc, nx)
         out["loss"].append(loss)
         out["grads"].append(grads)
         out["params"].append(master)
     return out
+
+
+def _teacher_forced(batch: tuple) -> tuple:
+    """A batch as (src, tgt_in, tgt_out): a decoder-only batch (tokens,) as (None, inputs, next tokens)."""
+    return batch if len(batch) == 3 else (None, batch[0][:, :-1], batch[0][:, 1:])
+
+
+def batches_of(inputs: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]]:
+    """A case's inputs as one batch per step: (src, tgt_in, tgt_out), or (tokens,) for a decoder-only model."""
+    if "tokens" in inputs:
+        return [(t,) for t in inputs["tokens"]]
+    return list(zip(inputs["src"], inputs["tgt_in"], inputs["tgt_out"], strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +133,9 @@ TRAIN_CASES = (
     TrainCase("train_tiny_bfloat16_params_float32", "tiny", "bfloat16", 21, 3, 9, 8, (1 / 4, 16), (1 / 16, 16)),
     TrainCase("train_small_float32", "small", "float32", 22, 3, 10, 8, (1 / 64, 16), (1 / 64, 16)),
     TrainCase("train_small_bfloat16_params_float32", "small", "bfloat16", 22, 3, 10, 8, (1 / 64, 16), (1 / 64, 16)),
+    # decoder-only, next-token prediction on tokens (B, T + 1) (S unused)
+    TrainCase("lm_train_tiny_float32", "lm_tiny", "float32", 23, 3, 0, 9, (1.0, 1), (1 / 16, 16)),
+    TrainCase("lm_train_tiny_bfloat16_params_float32", "lm_tiny", "bfloat16", 23, 3, 0, 9, (1 / 4, 16), (1 / 16, 16)),
 )
 CASES = {case.name: case for case in TRAIN_CASES}
 
@@ -128,7 +143,15 @@ CASES = {case.name: case for case in TRAIN_CASES}
 def make_batches(c: Config, case: TrainCase, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """``STEPS`` batches: src (STEPS, B, S), tgt_in and tgt_out (STEPS, B, T) int64. Each batch has a full-length
     row and padded rows (source and target lengths drawn from 3 up); a target row is BOS + y[:n-1] in, y[:n-1] +
-    EOS out, both padded after n."""
+    EOS out, both padded after n. Decoder-only: tokens (STEPS, B, T + 1), rows BOS + y + EOS, padded."""
+    if c.decoder_only:
+        tokens = np.full((STEPS, case.B, case.T + 1), c.pad_id, np.int64)
+        for i in range(STEPS):
+            lengths = rng.integers(3, case.T + 1, case.B)
+            lengths[i % case.B] = case.T + 1
+            for b, n in enumerate(lengths):
+                tokens[i, b, :n] = [c.bos_id, *rng.integers(3, c.vocab_size, n - 2), c.eos_id]
+        return {"tokens": tokens}
     src = np.full((STEPS, case.B, case.S), c.pad_id, np.int64)
     tgt_in = np.full((STEPS, case.B, case.T), c.pad_id, np.int64)
     tgt_out = tgt_in.copy()
@@ -191,7 +214,7 @@ def build(case: TrainCase) -> tuple[Config, dict, dict, dict, dict]:
     c = golden_cases.config(case.cfg, case.dtype).replace(param_dtype="float32", dropout=0.0)
     params = golden_cases.make_params(c, case.seed)
     inputs = make_batches(c, case, np.random.default_rng(zlib.crc32(case.name.encode())))
-    batches = list(zip(inputs["src"], inputs["tgt_in"], inputs["tgt_out"], strict=True))
+    batches = batches_of(inputs)
     ex, fa, undecided = runs(params, batches, c)
     tensors = {"loss": tolerance.error_stats(fa["loss"], ex["loss"], c.dtype).to_dict()}
     tensors.update({f"grad.{n}": tolerance.error_stats(fa["grad"][n], g, c.dtype).to_dict()

@@ -89,11 +89,22 @@ def sample(logits: np.ndarray, u: np.ndarray, temperature: float, top_k: int | N
     return out
 
 
+def descending(z: np.ndarray) -> np.ndarray:
+    """Token ids ordered by z (V,) descending, ties to the lower id."""
+    return np.argsort(-z, kind="stable")
+
+
+def top_p_count(cum: np.ndarray, top_p: float) -> int:
+    """How many tokens top-p keeps of those whose cumulative probabilities are ``cum`` (descending order): the
+    first whose cumulative probability reaches p and every one before it, never none; all at p = 1."""
+    return min(int(np.searchsorted(cum, top_p, side="left")) + 1, len(cum)) if top_p < 1.0 else len(cum)
+
+
 def _sample_row(z: np.ndarray, u: float, temperature: float, top_k: int | None, top_p: float, nx: Numerics
                 ) -> tuple[int, dict]:
     """Steps 1-5 for one row: z (V,) -> (token, margins)."""
     z = nx.acc(z / nx.acc(temperature))                                      # 1. temperature, in fp32
-    order = np.argsort(-z, kind="stable")                                     # descending, ties to the lower id
+    order = descending(z)
     order = order[np.isfinite(z[order])]                                      # pad, BOS: never drawn
     k = len(order) if top_k is None else min(top_k, len(order))
     top_k_margin = float(z[order[k - 1]] - z[order[k]]) if k < len(order) else np.inf
@@ -101,8 +112,7 @@ def _sample_row(z: np.ndarray, u: float, temperature: float, top_k: int | None, 
     e = np.exp(z[kept] - z[kept[0]])
     p = nx.acc(e / e.sum())                                                   # 3. softmax, in descending order
     cum = nx.acc(np.cumsum(p))
-    n = int(np.searchsorted(cum, top_p, side="left")) + 1 if top_p < 1.0 else len(kept)
-    n = min(n, len(kept))                                                     # 4. top-p: at least one token
+    n = top_p_count(cum, top_p)                                               # 4. top-p
     top_p_margin = np.inf                                                     # the cut between n - 1 and n tokens
     if top_p < 1.0:
         top_p_margin = float(min(abs(cum[n - 1] - top_p), abs(cum[n - 2] - top_p) if n > 1 else np.inf))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spec import backward, golden_training, search, validate
+from spec import backward, golden_training, sampling, search, validate
 from spec import reference as ref
 from spec.config import Config
 from spec.numerics import Numerics
@@ -28,15 +28,16 @@ class ReferenceModel:
         self._params = params
         self._p = ref.as_float64(params, config)
         self._nx = Numerics(config.dtype)
-        self._model = ref.Transformer(self._p, config, self._nx)
+        self._model = (ref.LanguageModel if config.decoder_only else ref.Transformer)(self._p, config, self._nx)
 
     def _out(self, x: np.ndarray) -> np.ndarray:
         return x.astype(self._nx.act_dtype)
 
     def forward(self, src, tgt_in, intermediates=False, dropout_seed=None):
         rng = None if dropout_seed is None else np.random.default_rng(dropout_seed)
-        out = self._model.forward(validate.host_ids("src", src), validate.host_ids("tgt_in", tgt_in), intermediates,
-                                  rng=rng)
+        ids = (validate.host_ids("tokens", tgt_in),) if self.config.decoder_only else (
+            validate.host_ids("src", src), validate.host_ids("tgt_in", tgt_in))
+        out = self._model.forward(*ids, intermediates, rng=rng)
         logits, rec = out if intermediates else (out, {})
         inter = {k: v if v.dtype == bool else v.astype(np.float32) if k == "logits" else self._out(v)
                  for k, v in rec.items()}
@@ -48,11 +49,16 @@ class ReferenceModel:
         return self._out(self._model.encode(src))
 
     def decode_steps(self, src, tgt_in, chunks=None, capacity=None):
-        src, tgt_in = validate.host_ids("src", src), validate.host_ids("tgt_in", tgt_in)
-        validate.check_forward(src, tgt_in, self.config)
+        tgt_in = validate.host_ids("tgt_in", tgt_in)
         capacity = tgt_in.shape[1] if capacity is None else capacity
-        validate.check_capacity(capacity, self.config)
-        cache = self._model.init_cache(self._model.encode(src), src, capacity)
+        if self.config.decoder_only:
+            validate.check_tokens("tokens", tgt_in, self.config)
+            cache = self._model.init_cache(tgt_in.shape[0], capacity)
+        else:
+            src = validate.host_ids("src", src)
+            validate.check_forward(src, tgt_in, self.config)
+            validate.check_capacity(capacity, self.config)
+            cache = self._model.init_cache(self._model.encode(src), src, capacity)
         steps, start = [], 0
         for n in chunks if chunks is not None else [1] * tgt_in.shape[1]:
             tokens = tgt_in[:, start:start + n]
@@ -69,6 +75,10 @@ class ReferenceModel:
         return search.beam_search(self._p, validate.host_ids("src", src), self.config, self._nx, beam_size, alpha,
                                   max_new_tokens)
 
+    def generate(self, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0, seed=0):
+        return sampling.generate(self._p, validate.host_ids("prompt", prompt), self.config, self._nx, max_new_tokens,
+                                 temperature, top_k, top_p, seed)
+
     def run_layer(self, layer, prefix, inputs):
         out = ref.run_layer(layer, self._p, prefix, _float_inputs(inputs), self.config, self._nx)
         fp32 = {"pe", "logits"}
@@ -80,8 +90,8 @@ class ReferenceModel:
     def train(self, batches, train_config, record_after):
         # The faithful trajectory (spec.golden_training), reached through its modules so that mutants apply.
         run = golden_training.trajectory(self._params, list(batches), self.config, train_config, self._nx)
-        grad = backward.loss_and_gradients(self._params, *batches[0], self.config, train_config.label_smoothing,
-                                           self._nx)[1]
+        grads = backward.lm_loss_and_gradients if self.config.decoder_only else backward.loss_and_gradients
+        grad = grads(self._params, *batches[0], self.config, train_config.label_smoothing, self._nx)[1]
         return {"loss": np.array(run["loss"]), "grad": grad,
                 **{f"params_{k}": run["params"][k - 1] for k in record_after}}
 
@@ -94,6 +104,9 @@ class ReferenceBackend:
 
     def describe(self) -> str:
         return f"NumPy {np.__version__} (contract-faithful), {platform.machine()} CPU"
+
+    def sample(self, logits, u, temperature, top_k, top_p):
+        return sampling.sample(logits, u, temperature, top_k, top_p, Numerics("float32"))
 
 
 def make_backend() -> ReferenceBackend:

@@ -29,7 +29,8 @@ class Model(Protocol):
 
     def forward(self, src: np.ndarray, tgt_in: np.ndarray, intermediates: bool = False,
                 dropout_seed: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Teacher-forced forward: src (B, S), tgt_in (B, T) -> logits (B, T, V) float32, and,
+        """Teacher-forced forward: src (B, S), tgt_in (B, T) -> logits (B, T, V) float32 (a decoder-only model: src
+        None, tgt_in its tokens), and,
         if ``intermediates``, the tensors of ``spec.shapes.intermediates`` by name (else {}). With a
         ``dropout_seed``, in training mode: dropout from the backend's own RNG seeded from it (the keep masks
         recorded as ``<site>.keep``)."""
@@ -42,7 +43,7 @@ class Model(Protocol):
         """Feed tgt_in (B, T) through the backend's public KV cache (``init_cache`` of ``capacity``
         positions, default T; cross-attention K/V computed once), one ``decode`` call per chunk of
         ``chunks`` tokens (sizes summing to T; default one token per call); the logits of every
-        position concatenated: (B, T, V) float32."""
+        position concatenated: (B, T, V) float32. A decoder-only model: src None, ``init_cache(B, capacity)``."""
 
     def greedy(self, src: np.ndarray, max_new_tokens: int | None = None) -> np.ndarray:
         """Greedy search (``spec.search``): src (B, S) -> tokens (B, L) int."""
@@ -50,6 +51,10 @@ class Model(Protocol):
     def beam(self, src: np.ndarray, beam_size: int = 4, alpha: float = 0.6,
              max_new_tokens: int | None = None) -> np.ndarray:
         """Beam search (``spec.search``): src (B, S) -> tokens (B, L) int."""
+
+    def generate(self, prompt: np.ndarray, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float = 1.0, seed: int = 0) -> np.ndarray:
+        """A decoder-only model's ``generate`` (``spec.sampling.generate``): prompt (B, L) -> tokens (B, N) int."""
 
     def run_layer(self, layer: str, prefix: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One layer of ``spec.shapes.LAYERS`` alone, with the model's parameters under ``prefix``
@@ -64,7 +69,8 @@ class Model(Protocol):
         (``loss_and_gradients`` on the first batch, label smoothing of ``train_config``), then one ``train_step`` per
         batch (src, tgt_in, tgt_out) from ``init_train_state(model, train_config, seed=0)``. Returns {"loss": (n,)
         float64, the loss each step returned; "grad": {name: float64 gradient}; f"params_{k}": {name: float64
-        weights after step k} for k in ``record_after``}."""
+        weights after step k} for k in ``record_after``}. A decoder-only model's batches are (tokens,), trained by
+        ``lm_loss_and_gradients`` and ``lm_train_step``."""
 
 
 class Backend(Protocol):
@@ -76,16 +82,22 @@ class Backend(Protocol):
     def describe(self) -> str:
         """Framework version and device, for the report."""
 
+    def sample(self, logits: np.ndarray, u: np.ndarray, temperature: float, top_k: int | None, top_p: float
+               ) -> np.ndarray:
+        """The backend's sampling step alone (``spec.sampling.sample``): logits (B, V) float32, u (B,) -> (B,) int."""
+
 
 def train_through_api(impl, model, batches: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
                       train_config: TrainConfig, record_after: Sequence[int], to_numpy) -> dict:
     """``Model.train`` through an impl's common API (``spec.api``) from ``model``, which it may consume (pass a
     copy); ``to_numpy`` turns a framework array into NumPy."""
-    grad = impl.loss_and_gradients(model, *batches[0], train_config.label_smoothing)[1]
+    lm = len(batches[0]) == 1  # a decoder-only model's (tokens,)
+    grad = (impl.lm_loss_and_gradients if lm else impl.loss_and_gradients)(model, *batches[0],
+                                                                           train_config.label_smoothing)[1]
     out = {"grad": {k: to_numpy(g).astype(np.float64) for k, g in grad.items()}, "loss": []}
     state = impl.init_train_state(model, train_config, seed=0)
     for k, batch in enumerate(batches, start=1):
-        loss, model, state = impl.train_step(model, state, *batch)
+        loss, model, state = (impl.lm_train_step if lm else impl.train_step)(model, state, *batch)
         out["loss"].append(float(loss))
         if k in record_after:
             out[f"params_{k}"] = {n: p.astype(np.float64) for n, p in impl.params_of(model).items()}

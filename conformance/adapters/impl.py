@@ -92,10 +92,11 @@ class ImplModel:
 
     def forward(self, src, tgt_in, intermediates=False, dropout_seed=None):
         rng = {} if dropout_seed is None else {"rng": self.d.rng(dropout_seed, self.model)}
+        ids = (tgt_in,) if self.config.decoder_only else (src, tgt_in)
         with self.d.evaluating():
             if not intermediates:
-                return self.d.array(self.model(src, tgt_in, **rng)), {}
-            logits, inter = self.model(src, tgt_in, intermediates=True, **rng)
+                return self.d.array(self.model(*ids, **rng)), {}
+            logits, inter = self.model(*ids, intermediates=True, **rng)
             return self.d.array(logits), {k: self.d.array(v) for k, v in inter.items()}
 
     def encode(self, src):
@@ -108,7 +109,9 @@ class ImplModel:
 
     def _decode_steps(self, src, tgt_in, chunks, capacity):
         T = np.shape(tgt_in)[1]
-        cache = self.model.init_cache(self.model.encode(src), src, T if capacity is None else capacity)
+        capacity = T if capacity is None else capacity
+        cache = self.model.init_cache(np.shape(tgt_in)[0], capacity) if self.config.decoder_only else \
+            self.model.init_cache(self.model.encode(src), src, capacity)
         steps, start = [], 0
         for n in chunks if chunks is not None else [1] * T:
             logits, cache = self.model.decode(np.asarray(tgt_in)[:, start:start + n], cache)
@@ -121,6 +124,11 @@ class ImplModel:
 
     def beam(self, src, beam_size=4, alpha=0.6, max_new_tokens=None):
         return self.d.array(self.impl.beam_search(self.model, src, beam_size, alpha, max_new_tokens))
+
+    def generate(self, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=1.0, seed=0):
+        with self.d.evaluating():
+            return self.d.array(self.impl.generate(self.model, prompt, max_new_tokens, temperature, top_k, top_p,
+                                                   seed))
 
     def run_layer(self, layer, prefix, inputs):
         c, layers = self.config, self.impl.layers

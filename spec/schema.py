@@ -61,7 +61,7 @@ def param_specs(c: Config) -> list[ParamSpec]:
         p = f"encoder.layers.{i}"
         specs += _attention(f"{p}.self_attn", c) + _norm(f"{p}.self_attn_norm", c)
         specs += _ffn(f"{p}.ffn", c) + _norm(f"{p}.ffn_norm", c)
-    if c.norm_first:
+    if c.norm_first and not c.decoder_only:
         specs += _norm("encoder.final_norm", c)
     for i in range(c.n_decoder_layers):
         p = f"decoder.layers.{i}"

@@ -205,34 +205,39 @@ class EncoderLayer(Module):
 
 class DecoderLayer(Module):
     """Masked self-attention over a KV cache, cross-attention over the encoder output, FFN (section 3.1), each in
-    a residual connection as ``EncoderLayer``'s."""
+    a residual connection as ``EncoderLayer``'s. A decoder-only model's layer (``config.decoder_only``) has no
+    cross-attention: ``cross_attn`` and ``cross_attn_norm`` are None (empty subtrees)."""
 
     config: Config = dataclasses.field(metadata={"static": True})
     self_attn: MultiHeadAttention
     self_attn_norm: LayerNorm
-    cross_attn: MultiHeadAttention
-    cross_attn_norm: LayerNorm
+    cross_attn: MultiHeadAttention | None
+    cross_attn_norm: LayerNorm | None
     ffn: FeedForward
     ffn_norm: LayerNorm
 
     def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
-        vars(self).update(_sublayers(params, name, config, ("self_attn", "cross_attn")))
+        attentions = ("self_attn",) if config.decoder_only else ("self_attn", "cross_attn")
+        vars(self).update({"cross_attn": None, "cross_attn_norm": None} | _sublayers(params, name, config, attentions))
 
-    def forward(self, y: jax.Array, self_kv: KV, self_mask: jax.Array, memory_kv: KV, memory_mask: jax.Array,
-                start: jax.Array | int, rng: jax.Array | None = None) -> tuple[jax.Array, KV]:
+    def forward(self, y: jax.Array, self_kv: KV, self_mask: jax.Array, memory_kv: KV | None,
+                memory_mask: jax.Array | None, start: jax.Array | int, rng: jax.Array | None = None
+                ) -> tuple[jax.Array, KV]:
         """y (B, n, D): the new positions ``start ..`` (may be traced); self_kv: this layer's cache, k (B, H, P, K)
         and v (B, H, P, C); self_mask (B, 1, n, P) causal and key padding; memory_kv: the encoder output's
-        projected k (B, H, S, K), v (B, H, S, C); memory_mask (B, 1, 1, S); dropout from ``rng``. The new keys and
-        values are written at ``start`` -> (y (B, n, D), the updated self_kv)."""
+        projected k (B, H, S, K), v (B, H, S, C); memory_mask (B, 1, 1, S), both None in a decoder-only model;
+        dropout from ``rng``. The new keys and values are written at ``start`` -> (y (B, n, D), the updated
+        self_kv)."""
         pre, rate, keys = self.config.norm_first, self.config.dropout, split(rng, 3)
         h = self.self_attn_norm(y) if pre else y
         self_kv = tuple(lax.dynamic_update_slice_in_dim(cached, new.astype(cached.dtype), start, axis=2)
                         for cached, new in zip(self_kv, self.self_attn.project_kv(h), strict=True))  # (B, H, P, .)
         y = y + dropout(self.self_attn(h, self_kv, self_mask), "self_attn", rate, keys[0])
         y = record("self_attn.residual", y if pre else self.self_attn_norm(y))
-        h = self.cross_attn(self.cross_attn_norm(y) if pre else y, memory_kv, memory_mask)
-        y = y + dropout(h, "cross_attn", rate, keys[1])
-        y = record("cross_attn.residual", y if pre else self.cross_attn_norm(y))
+        if self.cross_attn is not None:
+            h = self.cross_attn(self.cross_attn_norm(y) if pre else y, memory_kv, memory_mask)
+            y = y + dropout(h, "cross_attn", rate, keys[1])
+            y = record("cross_attn.residual", y if pre else self.cross_attn_norm(y))
         h = self.ffn(self.ffn_norm(y) if pre else y)
         y = y + dropout(h, "ffn", rate, keys[2])
         return record("ffn.residual", y if pre else self.ffn_norm(y)), self_kv

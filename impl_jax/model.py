@@ -3,6 +3,7 @@
 ``Transformer`` is a ``layers.Module``: its children are the ``Embedder``, ``Encoder`` and ``Decoder`` modules
 (leaves: the parameters, key paths: their canonical names) and its static aux data the frozen
 ``spec.config.Config``, so it passes through ``jax.jit``, ``jax.tree.map`` and ``jax.device_put`` like any pytree.
+The decoder stack, the ``KVCache`` and ``decode`` serve the decoder-only ``impl_jax.lm.LanguageModel`` as well.
 
 Its methods are the public API (``spec.api``): they validate their input on host copies with ``spec.validate``
 before anything is converted, traced or computed (inside the caller's ``jax.jit`` the ids are tracers: then the
@@ -45,12 +46,13 @@ class KVCache(NamedTuple):
     self_kv: per decoder layer, self-attention k (B, H, P, K) and v (B, H, P, C), written up to ``length``;
     key_mask (B, P) bool, True where a key is written and is not padding; memory_kv: per decoder layer,
     cross-attention k (B, H, S, K) and v (B, H, S, C) of the encoder output; memory_mask (B, S) bool, True at a
-    non-pad source token; length () int32, the positions written.
+    non-pad source token (a decoder-only model's cache: memory_kv ``()``, memory_mask None); length () int32, the
+    positions written.
     """
     self_kv: tuple[KV, ...]
     key_mask: jax.Array
     memory_kv: tuple[KV, ...]
-    memory_mask: jax.Array
+    memory_mask: jax.Array | None
     length: jax.Array
 
 
@@ -108,11 +110,12 @@ class Decoder(Stack):
         ``cache.key_mask`` already covers; the sublayers' dropout from ``rng`` -> (h (B, n, D), the updated cache)."""
         start, n, capacity = cache.length, y.shape[1], cache.key_mask.shape[1]
         self_mask = causal_mask(start, n, capacity) & cache.key_mask[:, None, None, :]   # (B, 1, n, P)
-        memory_mask = cache.memory_mask[:, None, None, :]                                # (B, 1, 1, S)
+        memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         self_kv = []
         for i, (layer, key) in enumerate(zip(self.layers, split(rng, len(self.layers)), strict=True)):
             with scope(f"decoder.layers.{i}"):
-                y, kv = layer(y, cache.self_kv[i], self_mask, cache.memory_kv[i], memory_mask, start, key)
+                memory_kv = cache.memory_kv[i] if cache.memory_kv else None                      # decoder-only: none
+                y, kv = layer(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start, key)
                 record("out", y)
             self_kv.append(kv)
         if self.final_norm is not None:
@@ -136,7 +139,8 @@ class Transformer(Module):
     config: Config = dataclasses.field(metadata={"static": True})
 
     def __init__(self, config: Config, seed: int = 0, *, params: dict[str, Any] | None = None):
-        params = {name: jnp.asarray(x) for name, x in (init_params(config, seed) if params is None else params).items()}
+        validate.check_model_kind(config, decoder_only=False)
+        params = _weights(config, seed, params)
         vars(self).update(embedder=Embedder(params, config), encoder=Encoder(params, config),
                           decoder=Decoder(params, config), config=config)
 
@@ -178,13 +182,20 @@ class Transformer(Module):
         return _compiled(_init_cache, self, memory, src, capacity=int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
-        """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache);
-        inside the caller's jit (a traced ``cache.length``) the capacity is checked as if the cache were empty."""
-        c = self.config
-        host = _host_ids(tokens, c, "tokens")
-        length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
-        validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
-        return _compiled(_decode, self, _device_ids(tokens, host, *host.shape, c.pad_id), cache)
+        """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache)
+        (``decode``)."""
+        return decode(self, tokens, cache)
+
+
+def decode(model: Module, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """The decoder of either model (``Transformer``, ``impl_jax.lm.LanguageModel``), checked and compiled: tokens
+    (B, n) at ``cache.length ..`` -> (logits (B, n, V) float32, the new cache); inside the caller's jit (a traced
+    ``cache.length``) the capacity is checked as if the cache were empty."""
+    c = model.config
+    host = _host_ids(tokens, c, "tokens")
+    length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
+    validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
+    return _compiled(_decode, model, _device_ids(tokens, host, *host.shape, c.pad_id), cache)
 
 
 # ----------------------------------------------------------------- unchecked internals (validated, bucketed ids)
@@ -198,22 +209,28 @@ def _encode(model: Transformer, src: jax.Array, rng: jax.Array | None = None) ->
     return model.encoder(x, mask, rng)
 
 
+def _empty_cache(c: Config, batch: int, capacity: int) -> KVCache:
+    """An empty ``KVCache`` of static ``batch`` and ``capacity`` without cross-attention K/V (a decoder-only
+    model's). On the CPU a bf16 cache holds its keys and values in fp32 (the same values): XLA's CPU backend has no
+    bf16 x bf16 -> fp32 batched dot and would convert the cache at every step."""
+    dt = jnp.float32 if c.dtype == "bfloat16" and jax.default_backend() == "cpu" else jnp.dtype(c.dtype)
+    empty = (jnp.zeros((batch, c.n_heads, capacity, c.d_k), dt), jnp.zeros((batch, c.n_heads, capacity, c.d_v), dt))
+    return KVCache(tuple(empty for _ in range(c.n_decoder_layers)), jnp.zeros((batch, capacity), bool), (), None,
+                   jnp.zeros((), jnp.int32))
+
+
 def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity: int) -> KVCache:
-    """Traced, on the model's weights as they are: an empty ``KVCache`` of static ``capacity`` with the
-    cross-attention K/V of ``memory`` (B, S, D). On the CPU a bf16 cache holds its keys and values in fp32 (the same
-    values): XLA's CPU backend has no bf16 x bf16 -> fp32 batched dot and would convert the cache at every step."""
-    c, B = model.config, memory.shape[0]
-    dt = jnp.float32 if memory.dtype == jnp.bfloat16 and jax.default_backend() == "cpu" else memory.dtype
-    empty = (jnp.zeros((B, c.n_heads, capacity, c.d_k), dt), jnp.zeros((B, c.n_heads, capacity, c.d_v), dt))
-    memory_kv = tuple(tuple(t.astype(dt) for t in layer.cross_attn.project_kv(memory))
+    """Traced, on the model's weights as they are: ``_empty_cache`` of static ``capacity`` with the cross-attention
+    K/V of ``memory`` (B, S, D), in the cache's dtype."""
+    cache = _empty_cache(model.config, memory.shape[0], capacity)
+    memory_kv = tuple(tuple(t.astype(cache.self_kv[0][0].dtype) for t in layer.cross_attn.project_kv(memory))
                       for layer in model.decoder.layers)
-    return KVCache(tuple(empty for _ in memory_kv), jnp.zeros((B, capacity), bool), memory_kv,
-                   key_padding_mask(src, c.pad_id), jnp.zeros((), jnp.int32))
+    return cache._replace(memory_kv=memory_kv, memory_mask=key_padding_mask(src, model.config.pad_id))
 
 
-def _decode(model: Transformer, tokens: jax.Array, cache: KVCache, rng: jax.Array | None = None
+def _decode(model: Module, tokens: jax.Array, cache: KVCache, rng: jax.Array | None = None
             ) -> tuple[jax.Array, KVCache]:
-    """Traced, on the model's weights as they are: tokens (B, n) at positions ``cache.length ..`` -> (logits
+    """Traced, on either model's weights as they are: tokens (B, n) at positions ``cache.length ..`` -> (logits
     (B, n, V) float32, the updated cache); dropout from ``rng``."""
     c, start = model.config, cache.length
     key_mask = lax.dynamic_update_slice_in_dim(cache.key_mask, key_padding_mask(tokens, c.pad_id), start, axis=1)
@@ -221,6 +238,11 @@ def _decode(model: Transformer, tokens: jax.Array, cache: KVCache, rng: jax.Arra
     y = dropout(model.embedder.encode(tokens, start), "tgt_embed", c.dropout, embed_rng)  # (B, n, D)
     h, cache = model.decoder(y, cache._replace(key_mask=key_mask), rng)
     return record("logits", model.embedder.decode(h)), cache
+
+
+def _weights(config: Config, seed: int, params: dict[str, Any] | None) -> dict[str, jax.Array]:
+    """A model's weights on the device: ``params`` as they are, else ``spec.init_params(config, seed)``."""
+    return {name: jnp.asarray(x) for name, x in (init_params(config, seed) if params is None else params).items()}
 
 
 def _host_ids(ids: Ids, config: Config, name: str = "src") -> np.ndarray:
@@ -263,7 +285,7 @@ def _forward(model: Transformer, src: jax.Array, tgt_in: jax.Array, intermediate
 
 
 @functools.partial(numerics.jit, static_argnums=(0,), static_argnames=("capacity",))
-def _compiled(body: Any, model: Transformer, *args: Any, capacity: int | None = None) -> Any:
+def _compiled(body: Any, model: Module, *args: Any, capacity: int | None = None) -> Any:
     """The program of ``encode``, ``init_cache`` or ``decode``: ``body`` (``_encode``, ``_init_cache``,
     ``_decode``) on ``args``, ``_encode`` on the weights rounded to ``config.dtype`` and held in fp32, the others on
     the weights in ``config.dtype``."""

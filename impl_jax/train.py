@@ -2,8 +2,9 @@
 
 The definitions are ``spec.training``'s, as pure functions jitted once per shape bucket:
 
-* The forward is the model's own (``Transformer.forward``, the numerics contract exactly as in evaluation), with
-  dropout from a PRNG key split off the state's; the loss is computed in fp32 from the float32 logits.
+* The forward is the model's own (``Transformer.forward``, ``LanguageModel.forward`` on ``tokens[:, :-1]``, the
+  numerics contract exactly as in evaluation), with dropout from a PRNG key split off the state's; the loss is
+  computed in fp32 from the float32 logits.
 * ``jax.value_and_grad`` differentiates with respect to fp32 copies of the parameters, so gradients are fp32 whatever
   ``param_dtype``; the rounding of a weight to ``config.dtype`` passes its gradient through unchanged
   (``numerics.round_to``), where autodiff of ``astype`` would round the gradient to bf16.
@@ -12,7 +13,7 @@ The definitions are ``spec.training``'s, as pure functions jitted once per shape
   parameter is computed in fp32 and rounded once to ``param_dtype``. ``optax.adam`` itself would keep the second
   moment in the parameters' dtype (``mu_dtype`` covers only the first), bf16 for a pure-bf16 model.
 
-Shapes: as ``Transformer.forward``, the batch and the lengths are padded to buckets (``spec.shapes``), targets with
+Shapes: as the models' forward, the batch and the lengths are padded to buckets (``spec.shapes``), targets with
 ``pad_id``. Padded targets count neither in the loss nor in its denominator, and padded source keys get exactly zero
 weight, so loss and gradients are the batch's own (up to the order of fp32 sums) while a stream of batch shapes
 compiles a bounded number of programs, each logged once at INFO on the ``"impl_jax"`` logger.
@@ -31,6 +32,8 @@ import numpy as np
 import optax
 
 from impl_jax import numerics
+from impl_jax.layers import Module
+from impl_jax.lm import LanguageModel
 from impl_jax.model import Ids, Transformer, _device_ids, _host_ids, log
 from impl_jax.weights import canonical
 from spec import shapes, validate
@@ -58,7 +61,8 @@ class TrainState:
     rng: jax.Array
 
 
-def init_train_state(model: Transformer, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
+def init_train_state(model: Transformer | LanguageModel, train_config: TrainConfig | None = None, seed: int = 0
+                     ) -> TrainState:
     """A fresh train state (``spec.api``); the dropout key ``jax.random.key(seed)``, ``seed`` below 2**32 (a JAX
     seed without 64-bit mode)."""
     if not validate.is_int(seed) or not 0 <= seed < SEED_LIMIT:
@@ -73,8 +77,8 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
                        ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Evaluation mode: the label-smoothed loss and {canonical name: float32 gradient} (``spec.api``); for bf16
     parameters the gradients of their (exact) fp32 values."""
-    batch = _batch(model.config, src, tgt_in, tgt_out)
-    loss, grads = _loss_and_gradients(model, *batch, jnp.asarray(label_smoothing, F32))
+    *inputs, tgt_out = _batch(model.config, src, tgt_in, tgt_out)
+    loss, grads = _loss_and_gradients(model, tuple(inputs), tgt_out, jnp.asarray(label_smoothing, F32), None)
     return loss, canonical(grads)
 
 
@@ -82,11 +86,23 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
                ) -> tuple[jax.Array, Transformer, TrainState]:
     """One Adam step in training mode -> (loss before the update, new model, new state) (``spec.api``); the model
     and state passed in are left unchanged. Raises ``ValueError`` also if ``state`` was built for another model."""
-    batch = _batch(model.config, src, tgt_in, tgt_out)
-    _check_state(model, state)
-    loss, model, new = _train_step(model, state, *batch)
-    order = list(state.m)  # the jitted function's dicts come back in sorted key order
-    return loss, model, dataclasses.replace(new, m={n: new.m[n] for n in order}, v={n: new.v[n] for n in order})
+    *inputs, tgt_out = _batch(model.config, src, tgt_in, tgt_out)
+    return _step(model, state, tuple(inputs), tgt_out)
+
+
+def lm_loss_and_gradients(model: LanguageModel, tokens: Ids, label_smoothing: float = 0.0, *,
+                          rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Next-token prediction's loss and {canonical name: float32 gradient} (``spec.api``), as
+    ``loss_and_gradients``; with a PRNG key ``rng``, with dropout drawn from it."""
+    inputs, targets = _lm_batch(model.config, tokens)
+    loss, grads = _loss_and_gradients(model, (inputs,), targets, jnp.asarray(label_smoothing, F32), rng)
+    return loss, canonical(grads)
+
+
+def lm_train_step(model: LanguageModel, state: TrainState, tokens: Ids) -> tuple[jax.Array, LanguageModel, TrainState]:
+    """One Adam step of next-token prediction in training mode, as ``train_step`` (``spec.api``)."""
+    inputs, targets = _lm_batch(model.config, tokens)
+    return _step(model, state, (inputs,), targets)
 
 
 def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
@@ -96,7 +112,7 @@ def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
                                            state.train_config, np.asarray(jax.random.key_data(state.rng)), "jax"))
 
 
-def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
+def load_train_state(path: str | os.PathLike, model: Transformer | LanguageModel) -> TrainState:
     """The state ``save_train_state`` wrote, bit for bit (``spec.api``). Another framework's file (or key data this
     JAX's default PRNG cannot wrap) gets ``jax.random.key(0)`` and a ``UserWarning``; a step beyond int32 raises."""
     stored = spec_io.load(path, model.config)
@@ -156,7 +172,28 @@ def _batch(config: Config, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax.Arr
             _device_ids(tgt_out, out_host, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
 
 
-def _check_state(model: Transformer, state: TrainState) -> None:
+def _lm_batch(config: Config, tokens: Ids) -> tuple[jax.Array, jax.Array]:
+    """``spec.validate.check_model_kind`` and ``check_lm_batch`` on a host copy, then inputs ``tokens[:, :-1]``
+    and targets ``tokens[:, 1:]`` as int32, padded to the forward's buckets: (Bb, Tb) twice."""
+    validate.check_model_kind(config, decoder_only=True)
+    host = _host_ids(tokens, config, "tokens")
+    validate.check_lm_batch(host, config)
+    ids = tokens if isinstance(tokens, jax.core.Tracer) else host
+    Bb, Tb = shapes.batch_bucket(host.shape[0]), shapes.length_bucket(host.shape[1] - 1, config.max_len)
+    return (_device_ids(ids[:, :-1], host[:, :-1], Bb, Tb, config.pad_id),
+            _device_ids(ids[:, 1:], host[:, 1:], Bb, Tb, config.pad_id))
+
+
+def _step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array
+          ) -> tuple[jax.Array, Module, TrainState]:
+    """``train_step`` of either model on its validated, bucketed inputs and targets."""
+    _check_state(model, state)
+    loss, model, new = _train_step(model, state, inputs, tgt_out)
+    order = list(state.m)  # the jitted function's dicts come back in sorted key order
+    return loss, model, dataclasses.replace(new, m={n: new.m[n] for n in order}, v={n: new.v[n] for n in order})
+
+
+def _check_state(model: Module, state: TrainState) -> None:
     """``state``'s moments must have the model's parameter names and shapes."""
     want = {name: tuple(p.shape) for name, p in canonical(model).items()}
     for k in ("m", "v"):
@@ -171,24 +208,24 @@ def _check_state(model: Transformer, state: TrainState) -> None:
 
 
 @numerics.jit
-def _loss_and_gradients(model: Transformer, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
-                        label_smoothing: jax.Array) -> tuple[jax.Array, Transformer]:
+def _loss_and_gradients(model: Module, inputs: tuple[jax.Array, ...], tgt_out: jax.Array, label_smoothing: jax.Array,
+                        rng: jax.Array | None) -> tuple[jax.Array, Module]:
     c = model.config
-    log.info("impl_jax: compiling loss_and_gradients for batch %d, source length %d, target length %d (buckets)",
-             *src.shape, tgt_in.shape[1])
-    return jax.value_and_grad(lambda m: smoothed_loss(m(src, tgt_in), tgt_out, label_smoothing, c.pad_id))(
+    log.info("impl_jax: compiling loss_and_gradients for batch %d, lengths %s (buckets)", tgt_out.shape[0],
+             [x.shape[1] for x in inputs])
+    return jax.value_and_grad(lambda m: smoothed_loss(m(*inputs, rng=rng), tgt_out, label_smoothing, c.pad_id))(
         jax.tree.map(lambda p: p.astype(F32), model))  # fp32 master weights (exact): fp32 gradients
 
 
 @numerics.jit
-def _train_step(model: Transformer, state: TrainState, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array
-                ) -> tuple[jax.Array, Transformer, TrainState]:
+def _train_step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array
+                ) -> tuple[jax.Array, Module, TrainState]:
     c, tc = model.config, state.train_config
-    log.info("impl_jax: compiling train_step for batch %d, source length %d, target length %d (buckets)",
-             *src.shape, tgt_in.shape[1])
+    log.info("impl_jax: compiling train_step for batch %d, lengths %s (buckets)", tgt_out.shape[0],
+             [x.shape[1] for x in inputs])
     rng, key = jax.random.split(state.rng)
     loss, grads = jax.value_and_grad(
-        lambda m: smoothed_loss(m(src, tgt_in, rng=key), tgt_out, tc.label_smoothing, c.pad_id))(
+        lambda m: smoothed_loss(m(*inputs, rng=key), tgt_out, tc.label_smoothing, c.pad_id))(
         jax.tree.map(lambda p: p.astype(F32), model))  # fp32 master weights (exact): fp32 gradients
     params, state = adam_update(canonical(model), canonical(grads), state)
-    return loss, Transformer(c, params=params), dataclasses.replace(state, rng=rng)
+    return loss, type(model)(c, params=params), dataclasses.replace(state, rng=rng)

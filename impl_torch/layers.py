@@ -207,25 +207,27 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over the encoder output, FFN (section 3.1), each with its residual
-    line as ``EncoderLayer``'s: (B, n, D) -> (B, n, D)."""
+    line as ``EncoderLayer``'s: (B, n, D) -> (B, n, D). A decoder-only model's layer (``config.decoder_only``) has
+    no cross-attention (``cross_attn`` and ``cross_attn_norm`` None)."""
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
         attention = functools.partial(MultiHeadAttention, config, device, native_bf16=native_bf16)
         self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
-        self.cross_attn, self.cross_attn_norm = attention(), LayerNorm(config, device)
+        self.cross_attn, self.cross_attn_norm = (None, None) if config.decoder_only else \
+            (attention(), LayerNorm(config, device))
         self.ffn, self.ffn_norm = FeedForward(config, device, native_bf16=native_bf16), LayerNorm(config, device)
         self.norm_first, self.rate = config.norm_first, config.dropout
 
-    def forward(self, y: Tensor, self_kv: tuple[Tensor, Tensor], self_mask: Tensor, memory_kv: tuple[Tensor, Tensor],
-                memory_mask: Tensor, start: int, rng: torch.Generator | None = None
-                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, y: Tensor, self_kv: tuple[Tensor, Tensor], self_mask: Tensor,
+                memory_kv: tuple[Tensor, Tensor] | None, memory_mask: Tensor | None, start: int,
+                rng: torch.Generator | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """n new positions y (B, n, D) at start.. -> (y (B, n, D), self_kv).
 
         self_kv: this layer's self-attention buffer k (B, H, P, K), v (B, H, P, C); the new positions' keys and
         values are written into it in place at ``start`` and the t = start + n written ones attended over, with
         self_mask (B, 1, n, t). memory_kv: the cross-attention keys/values of the encoder output (B, H, S, K|C),
-        memory_mask (B, 1, 1, S).
+        memory_mask (B, 1, 1, S); both None in a decoder-only model.
         """
         h = self.self_attn_norm(y) if self.norm_first else y
         k, v = self.self_attn.project_kv(h)                                     # (B, H, n, K), (B, H, n, C)
@@ -234,9 +236,10 @@ class DecoderLayer(nn.Module):
         h = self.self_attn(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]), self_mask)
         y = y + dropout(h, "self_attn", self.rate, rng)
         y = record("self_attn.residual", y if self.norm_first else self.self_attn_norm(y))
-        h = self.cross_attn(self.cross_attn_norm(y) if self.norm_first else y, memory_kv, memory_mask)
-        y = y + dropout(h, "cross_attn", self.rate, rng)
-        y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm(y))
+        if self.cross_attn is not None:
+            h = self.cross_attn(self.cross_attn_norm(y) if self.norm_first else y, memory_kv, memory_mask)
+            y = y + dropout(h, "cross_attn", self.rate, rng)
+            y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm(y))
         h = self.ffn(self.ffn_norm(y) if self.norm_first else y)
         y = y + dropout(h, "ffn", self.rate, rng)
         return record("ffn.residual", y if self.norm_first else self.ffn_norm(y)), self_kv

@@ -1,8 +1,10 @@
-"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3) with a KV cache for decoding.
+"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3) with a KV cache for decoding, and what it shares
+with the decoder-only ``impl_torch.lm.LanguageModel``: the module base, the decoder stack and the decode path.
 
 Every public entry point checks its token ids with ``spec.validate`` on a NumPy host copy before converting or
-computing anything, so bad input raises the spec's ``ValueError`` with the spec's message. The searches call the
-unchecked ``_encode``, ``_init_cache`` and ``_decode`` at the end of the file once they have validated.
+computing anything, so bad input raises the spec's ``ValueError`` with the spec's message. The searches and
+``generate`` call the unchecked ``_encode``, ``_init_cache``, ``_empty_cache`` and ``_decode`` at the end of the file
+once they have validated.
 """
 
 from __future__ import annotations
@@ -33,14 +35,15 @@ class KVCache:
     self_kv[l]: layer l's self-attention (k (B, H, P, K), v (B, H, P, C)), preallocated for P target positions
     (the capacity); key_mask (B, P) bool, True at a written non-pad position; memory_kv[l]: layer l's
     cross-attention (k (B, H, S, K), v (B, H, S, C)) of the encoder output, computed once; memory_mask (B, S)
-    bool, True at a non-pad source position; ``length``: the positions written. ``Transformer.decode`` writes
-    the buffers in place and returns a new cache over them; the one it was given is consumed.
+    bool, True at a non-pad source position; ``length``: the positions written. A decoder-only model's cache has
+    ``memory_kv`` [] and ``memory_mask`` None. ``decode`` writes the buffers in place and returns a new cache over
+    them; the one it was given is consumed.
     """
 
     self_kv: list[tuple[Float[Tensor, "B H P K"], Float[Tensor, "B H P C"]]]
     key_mask: Bool[Tensor, "B P"]
     memory_kv: list[tuple[Float[Tensor, "B H S K"], Float[Tensor, "B H S C"]]]
-    memory_mask: Bool[Tensor, "B S"]
+    memory_mask: Bool[Tensor, "B S"] | None
     length: int = 0
 
 
@@ -92,50 +95,33 @@ class Decoder(Stack):
         positions' (``_decode``)."""
         start, n = cache.length, y.shape[1]
         self_mask = causal_mask(start, n, y.device) & cache.key_mask[:, None, None, :start + n]  # (B, 1, n, t)
-        memory_mask = cache.memory_mask[:, None, None, :]                                        # (B, 1, 1, S)
+        memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
-                y, cache.self_kv[i] = layer(y, cache.self_kv[i], self_mask, cache.memory_kv[i], memory_mask, start,
-                                            rng)
+                memory_kv = cache.memory_kv[i] if cache.memory_kv else None                      # decoder-only: none
+                y, cache.self_kv[i] = layer(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start, rng)
                 record("out", y)
         cache.length = start + n
         return y if self.final_norm is None else self.final_norm(y), cache
 
 
-class Transformer(nn.Module):
-    """The encoder-decoder Transformer of "Attention Is All You Need" (section 3), numerics of ``spec.numerics``.
+class TransformerBase(nn.Module):
+    """What ``Transformer`` and ``impl_torch.lm.LanguageModel`` share as modules: ``config``, ``native_bf16``, the
+    tied embedding table registered first, as ``embedding`` (the state_dict holds it once, under that name), and
+    casts that keep ``config`` true. A subclass adds its stacks, then loads the canonical parameters."""
 
-    ``Transformer(config, seed)`` holds ``spec.init_params(config, seed)`` (drawn with NumPy, not torch's RNG: the
-    same bits in every backend); ``params=`` (keyword, ``impl_torch.from_params``) holds given canonical ones
-    instead. Parameters are stored in ``config.param_dtype``, activations computed in ``config.dtype``. The
-    state_dict keys are the canonical names of ``spec.schema``: ``embedding`` is the ``Embedder``'s table, tied.
-    ``native_bf16`` (keyword, default False, shown in ``repr``): CPU bf16 products as native bf16 GEMMs instead of
-    fp32 GEMMs of the upcast operands (``impl_torch.numerics``). ``.to(device)`` moves it; ``.to(dtype)``,
-    ``.float()`` and ``.bfloat16()`` cast the parameters and set ``config.param_dtype`` to match. Dropout
-    (section 5.4) draws from ``rng`` (keyword of ``forward``; None, the default, is evaluation). On CUDA, compute
-    inside ``impl_torch.numerics_scope()`` to meet the contract.
-
-    Raises:
-        ValueError: from ``spec.init_params`` if ``seed`` is not a non-negative int.
-    """
-
-    def __init__(self, config: Config, seed: int = 0, *, device: torch.device | str | None = None,
-                 native_bf16: bool = False, params: dict[str, np.ndarray] | None = None):
-        params = spec.init_params(config, seed) if params is None else params
+    def __init__(self, config: Config, device: torch.device | str | None, native_bf16: bool):
         super().__init__()
         self.config, self.native_bf16 = config, native_bf16
         self.embedder = Embedder(config, device)
         self.embedding = self.embedder.table  # tied: registered here first, so named_parameters() says "embedding"
-        self.encoder = Encoder(config, device, native_bf16=native_bf16)
-        self.decoder = Decoder(config, device, native_bf16=native_bf16)
         self.register_state_dict_post_hook(_tied_once)
         self.register_load_state_dict_pre_hook(_tied_twice)
-        self.load_state_dict({name: to_tensor(a) for name, a in params.items()})
 
     def extra_repr(self) -> str:
         return f"native_bf16={self.native_bf16}"
 
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Transformer:
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> TransformerBase:
         """``nn.Module._apply`` (under ``.to``, ``.cuda``, ``.float``, ...), keeping ``config`` true: a cast to bf16
         or fp32 sets ``config.param_dtype``; the PE table stays fp32 (rule 3) and only moves device.
 
@@ -153,6 +139,34 @@ class Transformer(nn.Module):
         self.embedder.pe = pe.to(probe.device)
         self.config = self.config.replace(param_dtype=param_dtype)
         return self
+
+
+class Transformer(TransformerBase):
+    """The encoder-decoder Transformer of "Attention Is All You Need" (section 3), numerics of ``spec.numerics``.
+
+    ``Transformer(config, seed)`` holds ``spec.init_params(config, seed)`` (drawn with NumPy, not torch's RNG: the
+    same bits in every backend); ``params=`` (keyword, ``impl_torch.from_params``) holds given canonical ones
+    instead. Parameters are stored in ``config.param_dtype``, activations computed in ``config.dtype``. The
+    state_dict keys are the canonical names of ``spec.schema``: ``embedding`` is the ``Embedder``'s table, tied.
+    ``native_bf16`` (keyword, default False, shown in ``repr``): CPU bf16 products as native bf16 GEMMs instead of
+    fp32 GEMMs of the upcast operands (``impl_torch.numerics``). ``.to(device)`` moves it; ``.to(dtype)``,
+    ``.float()`` and ``.bfloat16()`` cast the parameters and set ``config.param_dtype`` to match. Dropout
+    (section 5.4) draws from ``rng`` (keyword of ``forward``; None, the default, is evaluation). On CUDA, compute
+    inside ``impl_torch.numerics_scope()`` to meet the contract.
+
+    Raises:
+        ValueError: from ``spec.validate.check_model_kind`` for a decoder-only config, or from
+            ``spec.init_params`` if ``seed`` is not a non-negative int.
+    """
+
+    def __init__(self, config: Config, seed: int = 0, *, device: torch.device | str | None = None,
+                 native_bf16: bool = False, params: dict[str, np.ndarray] | None = None):
+        validate.check_model_kind(config, decoder_only=False)
+        params = spec.init_params(config, seed) if params is None else params
+        super().__init__(config, device, native_bf16)
+        self.encoder = Encoder(config, device, native_bf16=native_bf16)
+        self.decoder = Decoder(config, device, native_bf16=native_bf16)
+        self.load_state_dict({name: to_tensor(a) for name, a in params.items()})
 
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False, *, rng: torch.Generator | None = None
                 ) -> Float[Tensor, "B T V"] | tuple[Float[Tensor, "B T V"], dict[str, Tensor]]:
@@ -191,22 +205,28 @@ class Transformer(nn.Module):
         return _init_cache(self, memory, _device_ids(src, self.embedding.device), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
-        """The cache's buffers are written in place (no copy of the prefix per step); the returned ``KVCache`` is a
-        new object over them, and the one passed in is marked consumed.
+        """As the module function ``decode``."""
+        return decode(self, tokens, cache)
 
-        Raises:
-            ValueError: from ``spec.validate.check_decode``, or if ``cache`` was consumed by an earlier ``decode``
-                (its buffers hold positions it does not count: decoding from it again would be wrong).
-        """
-        if vars(cache).get("consumed"):
-            raise ValueError("cache: consumed by an earlier decode, which wrote into its buffers; go on with the "
-                             "cache that decode returned")
-        B, P = cache.key_mask.shape
-        validate.check_decode(_host_ids(tokens, "tokens"), self.config, B, cache.length, P)
-        logits = _decode(self, _device_ids(tokens, self.embedding.device), cache)
-        after = dataclasses.replace(cache)           # the same buffers, a new owner
-        vars(cache)["consumed"] = True               # not a field: the cache's fields stay spec.api's
-        return logits, after
+
+def decode(model: TransformerBase, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
+    """The ``decode`` method of either model: tokens (B, n) at ``cache.length``.. -> (logits (B, n, V), cache).
+    The cache's buffers are written in place (no copy of the prefix per step); the returned ``KVCache`` is a new
+    object over them, and the one passed in is marked consumed.
+
+    Raises:
+        ValueError: from ``spec.validate.check_decode``, or if ``cache`` was consumed by an earlier ``decode``
+            (its buffers hold positions it does not count: decoding from it again would be wrong).
+    """
+    if vars(cache).get("consumed"):
+        raise ValueError("cache: consumed by an earlier decode, which wrote into its buffers; go on with the "
+                         "cache that decode returned")
+    B, P = cache.key_mask.shape
+    validate.check_decode(_host_ids(tokens, "tokens"), model.config, B, cache.length, P)
+    logits = _decode(model, _device_ids(tokens, model.embedding.device), cache)
+    after = dataclasses.replace(cache)           # the same buffers, a new owner
+    vars(cache)["consumed"] = True               # not a field: the cache's fields stay spec.api's
+    return logits, after
 
 
 # ----------------------------------------------------------------- unchecked internals (validated ids)
@@ -220,17 +240,25 @@ def _encode(model: Transformer, src: Tensor, rng: torch.Generator | None = None)
 
 def _init_cache(model: Transformer, memory: Tensor, src: Tensor, capacity: int) -> KVCache:
     """The empty cache of ``Transformer.init_cache``; every layer's cross-attention keys/values computed once."""
-    c, B = model.config, memory.shape[0]
-    empty = lambda d: torch.empty(B, c.n_heads, capacity, d, dtype=memory.dtype, device=memory.device)  # noqa: E731
-    return KVCache(
-        self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in model.decoder.layers],
-        key_mask=torch.zeros(B, capacity, dtype=torch.bool, device=memory.device),
-        memory_kv=[tuple(t.contiguous() for t in layer.cross_attn.project_kv(memory))
-                   for layer in model.decoder.layers],
-        memory_mask=key_padding_mask(src, c.pad_id))
+    cache = _empty_cache(model, memory.shape[0], capacity, memory.dtype, memory.device)
+    cache.memory_kv = [tuple(t.contiguous() for t in layer.cross_attn.project_kv(memory))
+                       for layer in model.decoder.layers]
+    cache.memory_mask = key_padding_mask(src, model.config.pad_id)
+    return cache
 
 
-def _decode(model: Transformer, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None) -> Tensor:
+def _empty_cache(model: TransformerBase, batch: int, capacity: int, dtype: torch.dtype, device: torch.device
+                 ) -> KVCache:
+    """A cache of ``capacity`` positions for ``batch`` sequences, nothing written, without cross-attention state
+    (a decoder-only model's): self-attention buffers of ``dtype`` on ``device``."""
+    c = model.config
+    empty = lambda d: torch.empty(batch, c.n_heads, capacity, d, dtype=dtype, device=device)  # noqa: E731
+    return KVCache(self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in model.decoder.layers],
+                   key_mask=torch.zeros(batch, capacity, dtype=torch.bool, device=device), memory_kv=[],
+                   memory_mask=None)
+
+
+def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None) -> Tensor:
     """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32; ``cache`` written in place."""
     start, n = cache.length, tokens.shape[1]
     cache.key_mask[:, start:start + n] = key_padding_mask(tokens, model.config.pad_id)
@@ -253,12 +281,12 @@ def _device_ids(ids: Ids, device: torch.device) -> Tensor:
     return torch.as_tensor(np.ascontiguousarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
 
 
-def _tied_once(model: Transformer, state: dict[str, Tensor], prefix: str, _: object) -> None:
+def _tied_once(model: TransformerBase, state: dict[str, Tensor], prefix: str, _: object) -> None:
     """The state_dict holds the tied table once, under its canonical name ``embedding``."""
     del state[f"{prefix}embedder.table"]
 
 
-def _tied_twice(model: Transformer, state: dict[str, Tensor], prefix: str, *_: object) -> None:
+def _tied_twice(model: TransformerBase, state: dict[str, Tensor], prefix: str, *_: object) -> None:
     """A canonical state_dict's ``embedding`` loads into the tied table under both its names."""
     if f"{prefix}embedding" in state:
         state[f"{prefix}embedder.table"] = state[f"{prefix}embedding"]

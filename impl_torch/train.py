@@ -1,4 +1,5 @@
-"""Training as the paper did it (section 5): the label-smoothed loss, Adam with the warmup schedule, dropout.
+"""Training as the paper did it (section 5): the label-smoothed loss, Adam with the warmup schedule, dropout; for
+the decoder-only model the same on next-token prediction (``lm_loss_and_gradients``, ``lm_train_step``).
 
 The definitions are ``spec.training``'s. The model's own forward computes the logits (the numerics contract as in
 evaluation); the loss is computed in fp32 from the float32 logits; gradients are taken with respect to fp32 copies
@@ -22,7 +23,8 @@ from torch import Tensor, nn
 from torch.optim.adam import adam
 
 from impl_torch.layers import to_array, to_tensor
-from impl_torch.model import Ids, Transformer, _device_ids, _host_ids
+from impl_torch.lm import LanguageModel
+from impl_torch.model import Ids, Transformer, TransformerBase, _device_ids, _host_ids
 from spec import train_state_io as spec_io
 from spec import training, validate
 from spec.training import TrainConfig
@@ -45,7 +47,7 @@ class TrainState:
     rng: torch.Generator
 
 
-def init_train_state(model: Transformer, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
+def init_train_state(model: TransformerBase, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
     """A fresh train state for ``model``: zero fp32 moments, step 0, ``train_config`` (None: ``TrainConfig()``),
     the dropout generator seeded from ``seed`` (sections 5.3, 5.4).
 
@@ -75,12 +77,7 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
         ValueError: from ``spec.validate.check_train_batch``, before anything is computed.
     """
     src, tgt_in, tgt_out = _batch(model, src, tgt_in, tgt_out)
-    leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
-    with torch.enable_grad():
-        logits = torch.func.functional_call(model, leaves, (src, tgt_in), {"rng": rng})  # (B, T, V) float32
-        loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)       # () float32
-        grads = torch.autograd.grad(loss, list(leaves.values()))
-    return loss.detach(), dict(zip(leaves, grads, strict=True))
+    return _loss_and_gradients(model, (src, tgt_in), tgt_out, label_smoothing, rng)
 
 
 def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt_out: Ids
@@ -102,6 +99,34 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
     return loss, model, state
 
 
+def lm_loss_and_gradients(model: LanguageModel, tokens: Ids, label_smoothing: float = 0.0, *,
+                          rng: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Next-token prediction: the loss of ``spec.training`` for ``model(tokens[:, :-1])`` against ``tokens[:, 1:]``
+    and its gradient, as ``loss_and_gradients`` (fp32 leaves, dropout only from an ``rng``).
+
+    Raises:
+        ValueError: from ``spec.validate.check_lm_batch``, before anything is computed.
+    """
+    tokens = _lm_batch(model, tokens)
+    return _loss_and_gradients(model, (tokens[:, :-1],), tokens[:, 1:], label_smoothing, rng)
+
+
+def lm_train_step(model: LanguageModel, state: TrainState, tokens: Ids) -> tuple[Tensor, LanguageModel, TrainState]:
+    """``train_step`` for next-token prediction on tokens (B, T): dropout from ``state.rng``, the loss of
+    ``lm_loss_and_gradients`` at ``state.train_config.label_smoothing``, Adam (``adam_update``); ``model`` and
+    ``state`` updated in place and returned.
+
+    Raises:
+        ValueError: as ``lm_loss_and_gradients``, or if ``state`` was built for another model; before anything is
+            computed.
+    """
+    tokens = _lm_batch(model, tokens)
+    _check_state(model, state)
+    loss, grads = lm_loss_and_gradients(model, tokens, state.train_config.label_smoothing, rng=state.rng)
+    adam_update(dict(model.named_parameters()), grads, state)
+    return loss, model, state
+
+
 def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
     """Write ``state`` in the canonical format of ``spec.train_state_io``: the moments as "m.<name>", "v.<name>"
     float32, step and config, and the generator's state as "rng" (framework "torch")."""
@@ -110,7 +135,7 @@ def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
                                            state.train_config, state.rng.get_state().numpy(), "torch"))
 
 
-def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
+def load_train_state(path: str | os.PathLike, model: TransformerBase) -> TrainState:
     """The state ``save_train_state`` wrote, bit for bit, checked against ``model``'s parameter names and shapes.
 
     A file written by another framework (or for another device's generator) keeps its moments, step and config;
@@ -180,7 +205,14 @@ def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[Ten
     return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
 
 
-def _check_state(model: Transformer, state: TrainState) -> None:
+def _lm_batch(model: LanguageModel, tokens: Ids) -> Tensor:
+    """A next-token batch checked by ``spec.validate.check_lm_batch`` on a host copy, then as an int64 tensor
+    (B, T) on the model's device."""
+    validate.check_lm_batch(_host_ids(tokens, "tokens"), model.config)
+    return _device_ids(tokens, model.embedding.device)
+
+
+def _check_state(model: TransformerBase, state: TrainState) -> None:
     """``state``'s moments must have the model's parameter names, in order, and shapes."""
     names = [name for name, _ in model.named_parameters()]
     for k in ("m", "v"):
@@ -192,3 +224,15 @@ def _check_state(model: Transformer, state: TrainState) -> None:
             if getattr(state, k)[name].shape != p.shape:
                 raise ValueError(f"train state: {k}.{name} has shape {tuple(getattr(state, k)[name].shape)}, "
                                  f"the parameter {tuple(p.shape)}")
+
+
+def _loss_and_gradients(model: TransformerBase, inputs: tuple[Tensor, ...], targets: Tensor,
+                        label_smoothing: float, rng: torch.Generator | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of ``model(*inputs)`` against ``targets`` and its gradients with respect to fp32 leaves standing in
+    for the parameters (``loss_and_gradients`` says why), in ``spec.schema`` order."""
+    leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
+    with torch.enable_grad():
+        logits = torch.func.functional_call(model, leaves, inputs, {"rng": rng})  # (B, T, V) float32
+        loss = smoothed_loss(logits, targets, label_smoothing, model.config.pad_id)  # () float32
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+    return loss.detach(), dict(zip(leaves, grads, strict=True))

@@ -14,33 +14,36 @@ import torch
 
 import spec.weights_io
 from impl_torch.layers import to_array
-from impl_torch.model import Transformer
+from impl_torch.lm import LanguageModel
+from impl_torch.model import Transformer, TransformerBase
 from spec.config import Config
 
 
 def from_params(config: Config, params: dict[str, np.ndarray], *, device: torch.device | str | None = None,
-                native_bf16: bool = False) -> Transformer:
-    """A Transformer in eval mode on ``device`` (``native_bf16`` as ``Transformer``'s) holding the canonical
-    ``params`` of ``config``: {name: array} with the names, shapes and dtypes (``config.param_dtype``, bf16 as
-    ``ml_dtypes.bfloat16``) of ``spec.schema``.
+                native_bf16: bool = False) -> Transformer | LanguageModel:
+    """A model in eval mode on ``device`` (``native_bf16`` as ``Transformer``'s) holding the canonical ``params``
+    of ``config``: {name: array} with the names, shapes and dtypes (``config.param_dtype``, bf16 as
+    ``ml_dtypes.bfloat16``) of ``spec.schema``. A ``LanguageModel`` for a decoder-only config, else a
+    ``Transformer``.
 
     Raises:
         ValueError: from ``spec.weights_io.check_params``, naming the offending tensor.
     """
     spec.weights_io.check_params(config, params)
-    return Transformer(config, device=device, native_bf16=native_bf16, params=params).eval()
+    cls = LanguageModel if config.decoder_only else Transformer
+    return cls(config, device=device, native_bf16=native_bf16, params=params).eval()
 
 
-def params_of(model: Transformer) -> dict[str, np.ndarray]:
+def params_of(model: TransformerBase) -> dict[str, np.ndarray]:
     """The model's parameters as canonical {name: NumPy array}: schema names and order, ``config.param_dtype``
     (bf16 as ``ml_dtypes.bfloat16``), the same bits."""
     return {name: to_array(t) for name, t in model.state_dict().items()}
 
 
 def load_weights(path: str | os.PathLike, config: Config | None = None, *,
-                 device: torch.device | str | None = None, native_bf16: bool = False) -> Transformer:
-    """Read a canonical weights file into a Transformer in eval mode on ``device`` (``native_bf16`` as
-    ``Transformer``'s).
+                 device: torch.device | str | None = None, native_bf16: bool = False) -> Transformer | LanguageModel:
+    """Read a canonical weights file into a model in eval mode on ``device`` (``native_bf16`` as
+    ``Transformer``'s): a ``LanguageModel`` for a decoder-only config, else a ``Transformer``.
 
     ``config`` defaults to the one stored in the file; a given one may differ from it only where the weights do
     not depend on it (``spec.weights_io.config_for``, which warns of the difference).
@@ -54,7 +57,7 @@ def load_weights(path: str | os.PathLike, config: Config | None = None, *,
     return from_params(config, params, device=device, native_bf16=native_bf16)
 
 
-def save_weights(model: Transformer, path: str | os.PathLike) -> None:
+def save_weights(model: TransformerBase, path: str | os.PathLike) -> None:
     """Write the model's parameters and config to a canonical safetensors file, bit for bit.
 
     Raises:

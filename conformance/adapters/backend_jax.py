@@ -67,6 +67,10 @@ class JaxBackend:
     def load(self, path: Path) -> ImplModel:
         return ImplModel(impl_jax, impl_jax.load_weights(path), self.dialect)
 
+    def sample(self, logits, u, temperature, top_k, top_p):
+        return np.asarray(impl_jax.sampling.sample(jnp.asarray(logits), jnp.asarray(u, jnp.float32), temperature,
+                                                   top_k, top_p))
+
     def describe(self) -> str:
         d = jax.devices()[0]
         return f"JAX {jax.__version__}, {d.platform.upper()} ({d.device_kind})"

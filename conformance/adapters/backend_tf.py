@@ -58,6 +58,10 @@ class TFBackend:
     def load(self, path: Path) -> ImplModel:
         return ImplModel(impl_tf, impl_tf.load_weights(path), TFDialect())
 
+    def sample(self, logits, u, temperature, top_k, top_p):
+        return impl_tf.sampling.sample(tf.constant(logits), tf.constant(u, tf.float32), temperature, top_k,
+                                       top_p).numpy()
+
     def describe(self) -> str:
         devices = ", ".join(d.device_type for d in tf.config.list_logical_devices()) or "none"
         return f"TensorFlow {tf.__version__} (XLA jit_compile), devices: {devices}, {platform.machine()}"

@@ -78,6 +78,12 @@ class TorchBackend:
         return ImplModel(impl_torch, impl_torch.load_weights(path, device=_device(), native_bf16=NATIVE_BF16),
                          TorchDialect())
 
+    def sample(self, logits, u, temperature, top_k, top_p):
+        with torch.inference_mode():
+            return impl_torch.to_array(impl_torch.sampling.sample(
+                torch.as_tensor(logits, device=_device()), torch.as_tensor(u, dtype=torch.float32, device=_device()),
+                temperature, top_k, top_p))
+
     def describe(self) -> str:
         dev = _device()
         where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{platform.machine()} CPU"

@@ -44,7 +44,7 @@ class LanguageModel(tf.Module):
         self.config = config
         self.embedder = Embedder(config, params)
         self.decoder = Decoder(config, params)
-        _model_fields(self, params)
+        _model_fields(self)
 
     def forward(self, tokens, intermediates: bool = False, *, rng=None
                 ) -> Float[tf.Tensor, "B T V"] | tuple[Float[tf.Tensor, "B T V"], dict[str, tf.Tensor]]:

@@ -129,7 +129,7 @@ class Transformer(tf.Module):
         self.embedder = Embedder(config, params)
         self.encoder = Encoder(config, params)
         self.decoder = Decoder(config, params)
-        _model_fields(self, params)
+        _model_fields(self)
 
     def forward(self, src, tgt_in, intermediates: bool = False, *, rng=None
                 ) -> Float[tf.Tensor, "B T V"] | tuple[Float[tf.Tensor, "B T V"], dict[str, tf.Tensor]]:
@@ -239,15 +239,12 @@ def _forward(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, rng: tf.Tens
     return _decode(model, tgt_in, _init_cache(model, memory, src, tf.shape(tgt_in)[1]), rng)[0]
 
 
-def _model_fields(model: tf.Module, params: dict[str, np.ndarray]) -> None:
+def _model_fields(model: tf.Module) -> None:
     """What a model (``Transformer``, ``LanguageModel``) holds beside its layers: ``params``, {canonical name:
     tf.Variable} in ``spec.schema`` order (the shared embedding once); ``compiled``, the model's XLA programs by
-    name (``forward``, ``decode``, the searches', the training steps'), made at first use; ``unused``, variables of
-    parameters that ``spec.schema`` lists and no layer reads (a pre-LN decoder-only model's encoder.final_norm)."""
-    by_name, specs = {v.name.removesuffix(":0"): v for v in model.variables}, param_specs(model.config)
-    model.unused = [tf.Variable(params[s.name], name=s.name) for s in specs if s.name not in by_name]
-    by_name |= {v.name.removesuffix(":0"): v for v in model.unused}
-    model.params = {s.name: by_name[s.name] for s in specs}
+    name (``forward``, ``decode``, the searches', the training steps'), made at first use."""
+    by_name = {v.name.removesuffix(":0"): v for v in model.variables}
+    model.params = {s.name: by_name[s.name] for s in param_specs(model.config)}
     model.compiled = {}  # str name -> tf.function (str: tf.Module sorts the keys when it lists the variables)
     model._shapes = set()  # (name, shape) pairs dispatched so far: XLA compiled each once
 

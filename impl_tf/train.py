@@ -250,10 +250,8 @@ def _loss_and_gradients(model: Model, batch: tuple[tf.Tensor, ...], label_smooth
     with tf.GradientTape() as tape, recording():
         logits, tgt_out = _logits(model, batch, rng)                                     # (B, T, V) float32
         loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32
-    # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense. A
-    # variable the loss never reads (``unused``) has a zero gradient.
-    grads = tape.gradient(loss, list(model.params.values()), unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return loss, [tf.convert_to_tensor(g) for g in grads]
+    # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
+    return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, list(model.params.values()))]
 
 
 def _train_step(model: Model, batch: tuple[tf.Tensor, ...], seed: tf.Tensor, scalars: dict[str, tf.Tensor],

@@ -70,6 +70,20 @@ def reverse_batch(rng: np.random.Generator, config: Config, batch: int, min_len:
     return src.astype(np.int64), tgt_in.astype(np.int64), tgt_out.astype(np.int64)
 
 
+def lm_reverse_batch(rng: np.random.Generator, config: Config, batch: int, min_len: int = MIN_LEN,
+                     max_len: int = MAX_LEN) -> np.ndarray:
+    """The reverse task for a decoder-only model: tokens (B, 2 L + 3) int64, each row BOS, the sequence, EOS, the
+    reversed sequence, EOS, right-padded with pad_id; the prompt is the row up to its first EOS (``reverse_batch``'s
+    sequences and raises)."""
+    src, _, tgt_out = reverse_batch(rng, config, batch, min_len, max_len)
+    n = (src != config.pad_id).sum(axis=1)                                      # sequence + EOS
+    tokens = np.full((batch, 1 + 2 * src.shape[1]), config.pad_id, np.int64)
+    tokens[:, 0] = config.bos_id
+    for b, k in enumerate(n):
+        tokens[b, 1:1 + 2 * k] = np.concatenate([src[b, :k], tgt_out[b, :k]])
+    return tokens
+
+
 def heldout(config: Config, size: int = HELDOUT_SIZE) -> tuple[np.ndarray, np.ndarray]:
     """The fixed held-out set: (src (N, S), expected (N, T) = reversed seq + EOS, padded) int64, N = ``size``.
 

@@ -13,21 +13,26 @@ the argmax gap ``tol`` itself (greedy), the top-k cut ``tol / temperature`` (log
 cut), and the uniform's and top-p's distances in probability ``expm1(2 tol / temperature)`` (logits each within
 ``tol`` move every probability by a factor within ``exp(+-2 tol / T)``, so every cumulative sum by at most that
 much). Random weights decide by such margins in fp32 only (bf16 tolerances are about 0.1-0.3 of a logit), so the
-generation cases are fp32; the forward, incremental and training cases cover bf16 and mixed precision.
+random-weight generation cases are fp32; the bf16 greedy case decodes with a trained model (the reverse task,
+``tools.train_lm_reverse``), as the encoder-decoder's bf16 decoding cases do. Sampling in bf16 has no case: a
+uniform falls near a boundary of a trained model's peaked distribution as often as of any other.
 """
 
 from __future__ import annotations
 
+import json
 import zlib
 
 import numpy as np
 
+from spec import demo, sampling, tolerance
 from spec import reference as ref
-from spec import sampling, tolerance
 from spec.config import Config
-from spec.golden_cases import Writer, config, faithful_stats, make_params, random_tokens, valid_rows
-from spec.numerics import Numerics
+from spec.golden_cases import GOLDEN_INPUTS, Writer, config, faithful_stats, make_params, random_tokens, valid_rows
+from spec.numerics import Numerics, np_dtype
 from spec.recording import recording
+from spec.schema import param_specs
+from spec.weights_io import load_weights
 
 
 def forward_case(w: Writer, name: str, cfg: str, dtype: str, seed: int, lengths: list[int], T: int, *,
@@ -81,19 +86,19 @@ def draw_margins(rows: list[list[dict]], tol: float, temperature: float) -> list
 
 
 def generate_case(w: Writer, name: str, cfg: str, seed: int, settings: dict, max_new_tokens: int,
-                  eos_boost: float, rows: int = 4, pool: int = 48) -> None:
-    """Build a batch from a pool of prompts (lengths 2-7), a row at a time: a prompt joins if the batch with it is
-    decided (module docstring; row b draws with its own uniforms, so a row is judged where it stands) and repeats no
-    token over half its length; where greedy, the first rows must end at EOS at new lengths until two are seen."""
-    c = config(cfg, "float32")
-    params = make_params(c, seed, eos_boost=eos_boost, cancel_residual=cfg == "lm_tiny_decoding")
+                  eos_boost: float, rows: int = 4, pool: int = 48, trained: str | None = None,
+                  eos_lengths: int = 2) -> None:
+    """Build a batch from a pool of prompts, a row at a time: a prompt joins if the batch with it is decided (module
+    docstring; row b draws with its own uniforms, so a row is judged where it stands) and repeats no token over half
+    its length; where greedy, the first rows must end at EOS at new lengths until ``eos_lengths`` are seen. Random
+    weights of ``cfg`` from ``seed`` and prompts of 2-7 tokens, or a ``trained`` model (a file under
+    ``GOLDEN_INPUTS``) and prompts of its task (``spec.demo.lm_reverse_batch``)."""
+    c, params, candidates = _model_and_prompts(name, cfg, seed, eos_boost, pool, trained)
     P = ref.as_float64(params, c)
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
-    candidates = random_tokens(rng, c, list(rng.integers(2, 8, pool)), 7, True)
     chosen, decided = [], None
     for b in range(pool):
         trial = _decided(P, candidates[[*chosen, b]], c, settings, max_new_tokens)
-        if trial is not None and (settings["temperature"] > 0 or _new_eos_length(trial[0], c)):
+        if trial is not None and (settings["temperature"] > 0 or _new_eos_length(trial[0], c, eos_lengths)):
             chosen, decided = [*chosen, b], trial
         if len(chosen) == rows:
             break
@@ -106,15 +111,32 @@ def generate_case(w: Writer, name: str, cfg: str, seed: int, settings: dict, max
                        "margin_factor": tolerance.DECISION_MARGIN_FACTOR, "margins_over_slack": margins,
                        "rows": [{"length": int((r != c.pad_id).sum()), "eos": bool((r == c.eos_id).any())}
                                 for r in out]}}
-    w.write(name, meta, {"prompt": prompt}, {"tokens": out}, c, params, seed, eos_boost, cfg == "lm_tiny_decoding")
+    info = None if trained is None else json.loads((GOLDEN_INPUTS / trained).with_suffix(".json").read_text())
+    w.write(name, meta, {"prompt": prompt}, {"tokens": out}, c, params, seed, eos_boost, cfg == "lm_tiny_decoding",
+            trained=info)
+
+
+def _model_and_prompts(name: str, cfg: str, seed: int, eos_boost: float, pool: int, trained: str | None
+                       ) -> tuple[Config, dict[str, np.ndarray], np.ndarray]:
+    """The config, weights and candidate prompts (pool, L) of a generation case (``generate_case``)."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    if trained is not None:
+        c, params = load_weights(GOLDEN_INPUTS / trained)
+        params = {p.name: params[p.name].astype(np_dtype(c.param_dtype)) for p in param_specs(c)}
+        tokens = demo.lm_reverse_batch(rng, c, pool)                          # BOS seq EOS rev EOS
+        first_eos = np.argmax(tokens == c.eos_id, axis=1)
+        return c, params, np.where(np.arange(tokens.shape[1]) <= first_eos[:, None], tokens, c.pad_id)
+    c = config(cfg, "float32")
+    params = make_params(c, seed, eos_boost=eos_boost, cancel_residual=cfg == "lm_tiny_decoding")
+    return c, params, random_tokens(rng, c, list(rng.integers(2, 8, pool)), 7, True)
 
 
 def _decided(P: ref.Params, prompt: np.ndarray, c: Config, settings: dict, max_new_tokens: int):
     """(tokens, per-row margins, tol) if exact and faithful agree and every draw is decided, else None."""
-    traces = {m: {} for m in ("exact", "float32")}
+    traces = {m: {} for m in ("exact", c.dtype)}
     outs = {m: sampling.generate(P, prompt, c, Numerics(m), max_new_tokens, **settings, trace=traces[m])
             for m in traces}
-    if not np.array_equal(outs["exact"], outs["float32"]):
+    if not np.array_equal(outs["exact"], outs[c.dtype]):
         return None
     out = outs["exact"]
     body = [r[:np.flatnonzero(r == c.eos_id)[0]] if (r == c.eos_id).any() else r[r != c.pad_id] for r in out]
@@ -127,11 +149,11 @@ def _decided(P: ref.Params, prompt: np.ndarray, c: Config, settings: dict, max_n
     return (out, margins, tol) if ok else None
 
 
-def _new_eos_length(out: np.ndarray, c: Config) -> bool:
-    """Whether the last row ends at EOS at a length no earlier row ends at, or two lengths are already seen."""
+def _new_eos_length(out: np.ndarray, c: Config, lengths: int) -> bool:
+    """Whether the last row ends at EOS at a length no earlier row ends at, or ``lengths`` are already seen."""
     ends = [int(np.flatnonzero(r == c.eos_id)[0]) + 1 if (r == c.eos_id).any() else 0 for r in out]
     earlier = {n for n in ends[:-1] if n}
-    return len(earlier) >= 2 or (ends[-1] > 0 and ends[-1] not in earlier)
+    return len(earlier) >= lengths or (ends[-1] > 0 and ends[-1] not in earlier)
 
 
 SAMPLE_SETTINGS = ({"temperature": 0.0, "top_k": None, "top_p": 1.0}, {"temperature": 1.0, "top_k": None, "top_p": 1.0},
@@ -184,3 +206,6 @@ def generate(w: Writer) -> None:
     sample_case(w, "lm_sample_ties")
     for name, cfg, seed, settings, max_new, eos_boost in GENERATE_CASES:
         generate_case(w, name, cfg, seed, settings, max_new, eos_boost)
+    # bf16 greedy decisions of a trained model (``tools.train_lm_reverse``): rows that end at EOS at three lengths.
+    generate_case(w, "lm_greedy_reverse_bfloat16", "", 0, {"temperature": 0.0}, 20, 1.0, pool=64,
+                  trained="lm_reverse.safetensors", eos_lengths=3)

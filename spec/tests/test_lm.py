@@ -101,3 +101,15 @@ def test_sampling_ties_and_top_p():
     assert sampling.sample(z, np.array([0.99]), 0.0, None, 1.0, nx)[0] == 2       # greedy: the lower id
     # p of the top pair = 2e / (2e + 2) = 0.731: top_p 0.7 keeps the first token that reaches it (two tokens)
     assert sampling.sample(z, np.array([0.99]), 1.0, None, 0.6, nx)[0] == 3
+
+
+def test_lm_reverse_batch_rows():
+    from spec import demo
+    c = spec.preset("lm_tiny")
+    tokens = demo.lm_reverse_batch(np.random.default_rng(0), c, 8)
+    for row in tokens:
+        n = int(np.argmax(row == c.eos_id))                       # BOS seq EOS: the prompt
+        seq = row[1:n]
+        assert row[0] == c.bos_id and 8 <= len(seq) <= 16
+        np.testing.assert_array_equal(row[n + 1:2 * n], seq[::-1])
+        assert row[2 * n] == c.eos_id and (row[2 * n + 1:] == c.pad_id).all()

@@ -114,6 +114,7 @@ BAD_PROMPTS = {
 BAD_SETTINGS = {
     "temperature < 0": ({"temperature": -1.0}, r"temperature must be a finite number >= 0"),
     "temperature NaN": ({"temperature": float("nan")}, r"temperature must be a finite number >= 0"),
+    "temperature 1e-50": ({"temperature": 1e-50}, r"temperature 1e-50 rounds to 0 in float32"),
     "top_k 0": ({"top_k": 0}, r"top_k must be None or an int >= 1"),
     "top_p 0": ({"top_p": 0.0}, r"top_p must lie in \(0, 1\]"),
     "top_p 1.5": ({"top_p": 1.5}, r"top_p must lie in \(0, 1\]"),

@@ -15,10 +15,11 @@ For one row at one decoding step, from its fp32 logits z (V,) (``search.forbid_s
 
 The uniforms u are part of the contract, so a backend cannot pass with its own RNG: ``uniforms(seed, B, steps)``
 draws them on the host from NumPy's counter-based Philox, key ``seed``, counter (row, step, 0, 0), the first
-double of each, so that row b's draw at step t depends on nothing else (not the batch it is in, not the other
-rows' lengths). A backend computes steps 1-4 in fp32; the reference in float64 (exact) or rounding as a backend
-does (faithful). Where the two differ by a rounding, a draw near a boundary may differ: ``trace`` records each
-draw's margins, as the decoding golden cases record their decision margins.
+double of each, so that row b's draw at step t depends on nothing else (not the other rows, not their lengths):
+the same prompt at the same row index and seed draws the same tokens whatever the batch around it. A backend
+computes steps 1-4 in fp32; the reference in float64 (exact) or rounding as a backend does (faithful). Where the
+two differ by a rounding, a draw near a boundary may differ: ``trace`` records each draw's margins, as the decoding
+golden cases record their decision margins.
 
 ``generate`` continues a batch of prompts with the decoder-only model: prompts right-padded, each row's generated
 token t placed at position ``length_b + t`` (absolute positions, as the row alone would have them), drawn with
@@ -26,8 +27,8 @@ token t placed at position ``length_b + t`` (absolute positions, as the row alon
 call, a row still inside its prompt fed its next prompt token (teacher forcing), the others their new token. A row
 ends at EOS or after ``max_new_tokens``; the output is right-padded with ``pad_id`` to the longest row.
 
-Raises (``check_sampling``): ``ValueError`` for a temperature that is negative or not finite, a top_k that is
-not an int >= 1, a top_p outside (0, 1] or NaN, or a seed outside [0, 2**64).
+Raises (``check_sampling``): ``ValueError`` for a temperature that is negative, not finite or rounds to 0 in fp32
+while positive, a top_k that is not an int >= 1, a top_p outside (0, 1] or NaN, or a seed outside [0, 2**64).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float, seed: in
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating, np.integer)) \
             or not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if temperature > 0 and np.float32(temperature) == 0:
+        raise ValueError(f"temperature {temperature!r} rounds to 0 in float32; use 0 for greedy decoding")
     if top_k is not None and (not is_int(top_k) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.floating, np.integer)) \

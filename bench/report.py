@@ -24,8 +24,10 @@ matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from bench import lm_report  # noqa: E402
+
 FRAMEWORKS = ("torch", "jax", "tf")
-WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling")
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm")
 # Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 RESULTS = Path(__file__).resolve().parent / "results"  # the committed copy docs/speed.md shows
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(runs, indent=1))
     charts = [chart(runs, w, args.out) for w in ("forward", "greedy", "beam", "train", "scaling")]
+    charts.append(lm_report.lm_chart(runs, args.out))
     markdown = report(runs, [c.name for c in charts if c])
     (args.out / "bench.md").write_text(markdown)
     print(markdown)
@@ -97,6 +100,8 @@ def report(runs: list[dict[str, Any]], charts: list[str]) -> str:
               "`mixed_bfloat16` layers and `GradientTape` under XLA) with the same dropout rate, label smoothing "
               "and Adam betas and eps, at a constant learning rate (equation 3's peak), on the same batch, timed "
               "together. FLOPs are 3x the forward's (`spec.flops.train_step_flops`).", ""]
+    if lm_report.has_lm(runs):
+        parts += ["## The decoder-only model beside each framework's stock GPT-2", "", lm_report.section(runs)]
     parts += [f"![{c}]({c})" for c in charts]
     return "\n".join(parts) + "\n"
 

@@ -13,6 +13,8 @@ merges the files. Workloads (``--workloads``, default all):
 - ``train``: our ``train_step`` (forward, backward, Adam) and the peer's own training step, mixed precision and
   fp32; 3x forward FLOPs.
 - ``scaling``: forward at S = T in ``--lengths``, ours and the peer, the first dtype; the fitted exponent.
+- ``lm``: the decoder-only ``LanguageModel`` beside the framework's stock GPT-2 at ``--lm-size``: prefill, decode
+  steps and greedy generation at each ``--lm-batches`` B (``bench.lm_run``).
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from rich.console import Console
 
 import spec
 from bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
+from bench.lm_common import LM_SIZES
+from bench.lm_run import run_lm
 from spec.flops import forward_flops, train_step_flops
 
-WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling")
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm")
 console = Console(stderr=True)
 
 
@@ -186,6 +190,9 @@ class Runner:
                 r["metrics"]["exponent"] = exponent
             console.print(f"{self.args.framework:5} scaling  {name:28} time ~ L^{exponent:.2f}")
 
+    def lm(self) -> None:
+        run_lm(self)
+
 
 def _machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
@@ -222,6 +229,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=_ints, default=[32, 64, 128, 256], help="S = T for the scaling workload")
     p.add_argument("--matmul", type=_ints, default=[512, 512, 2048], help="M,K,N of the rate product")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--lm-size", default="gpt2_small", choices=sorted(LM_SIZES), help="the lm workload's model size")
+    p.add_argument("--lm-batches", type=_ints, default=[1, 16], help="B of the lm workload")
+    p.add_argument("--lm-prompt", type=int, default=512, help="L: prompt tokens; decode is measured at context L")
+    p.add_argument("--lm-short", type=int, default=32, help="the short context of the decode-step comparison")
+    p.add_argument("--lm-steps", type=int, default=8, help="decode steps timed at each context")
+    p.add_argument("--lm-new-tokens", type=int, default=32, help="new tokens of the lm generation")
     return p
 
 

@@ -35,6 +35,9 @@ PACKAGES = {"reference": [], "torch": ["./impl_torch"], "jax": ["./impl_jax"], "
 EXTRAS = {"impl_tf": "[cpu]", "bench": "[torch,jax,tf]"}
 # Installed beside a package for its tests: the bench's smoke checks run on every framework.
 BESIDE = {"bench": ["./impl_torch", "./impl_jax", "./impl_tf[cpu]"]}
+# Installed without their dependencies: keras_hub (tf's GPT-2 peer) requires tensorflow-text, which requires
+# `tensorflow` and would install it over tensorflow-cpu; its GPT-2 needs nothing more than Keras.
+NO_DEPS = {"bench": ["keras-hub"], "tf": ["keras-hub"]}
 # One folder per nox invocation, so the combined report shows this run's backends only.
 REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
 
@@ -81,6 +84,8 @@ def bench(session: nox.Session, framework: str) -> None:
     """Speed of one framework's impl beside its stock peer (``bench.run``), in a virtualenv holding only that
     framework; arguments after ``--`` go to the bench (``--device cuda``, ``--workloads forward``...)."""
     session.install(*CONSTRAINTS, "./spec", f"./bench[{framework}]", *PACKAGES[framework])
+    if framework in NO_DEPS:
+        session.install(*CONSTRAINTS, "--no-deps", *NO_DEPS[framework])
     session.notify("bench_report")
     session.run("python", "-m", "bench.run", "--framework", framework, "--out", str(REPORTS / "bench"),
                 *session.posargs)
@@ -174,6 +179,8 @@ def tests(session: nox.Session, package: str) -> None:
     spec_wheel = [] if main == wheels["aiayn_spec"] else [str(wheels["aiayn_spec"])]
     session.install(*CONSTRAINTS, *spec_wheel, f"{main}{EXTRAS.get(package, '')}", *BESIDE.get(package, []),
                     "pytest", "hypothesis")
+    if package in NO_DEPS:
+        session.install(*CONSTRAINTS, "--no-deps", *NO_DEPS[package])
     session.run("pytest", f"{package}/tests", "-p", "no:cacheprovider", *session.posargs)
     blocks = _readme_examples(package)
     session.chdir(tmp)  # the repository is not importable from here: the installed wheels are what runs

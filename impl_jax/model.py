@@ -228,15 +228,16 @@ def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity:
     return cache._replace(memory_kv=memory_kv, memory_mask=key_padding_mask(src, model.config.pad_id))
 
 
-def _decode(model: Module, tokens: jax.Array, cache: KVCache, rng: jax.Array | None = None
-            ) -> tuple[jax.Array, KVCache]:
+def _decode(model: Module, tokens: jax.Array, cache: KVCache, rng: jax.Array | None = None, *,
+            at: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """Traced, on either model's weights as they are: tokens (B, n) at positions ``cache.length ..`` -> (logits
-    (B, n, V) float32, the updated cache); dropout from ``rng``."""
+    (B, n, V) float32, or (B, 1, V) of new position ``at`` alone, the updated cache); dropout from ``rng``."""
     c, start = model.config, cache.length
     key_mask = lax.dynamic_update_slice_in_dim(cache.key_mask, key_padding_mask(tokens, c.pad_id), start, axis=1)
     embed_rng, rng = split(rng, 2)
     y = dropout(model.embedder.encode(tokens, start), "tgt_embed", c.dropout, embed_rng)  # (B, n, D)
     h, cache = model.decoder(y, cache._replace(key_mask=key_mask), rng)
+    h = h if at is None else lax.dynamic_slice_in_dim(h, at, 1, axis=1)  # a prefill needs its last position only
     return record("logits", model.embedder.decode(h)), cache
 
 

@@ -212,13 +212,14 @@ def _init_cache(model: Transformer, memory: tf.Tensor, src: tf.Tensor, capacity:
         memory_mask=key_padding_mask(src, model.config.pad_id))
 
 
-def _decode(model: tf.Module, tokens: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None
-            ) -> tuple[tf.Tensor, KVCache]:
-    """tokens (B, n) int32 at positions ``cache.length...`` -> (logits (B, n, V) float32, the updated cache):
-    embedding, decoder, tied output projection; ``rng`` as ``layers.dropout``'s."""
+def _decode(model: tf.Module, tokens: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None, *,
+            at: tf.Tensor | None = None) -> tuple[tf.Tensor, KVCache]:
+    """tokens (B, n) int32 at positions ``cache.length...`` -> (logits (B, n, V) float32, or (B, 1, V) of new
+    position ``at`` alone, the updated cache): embedding, decoder, tied output projection; ``rng`` as dropout's."""
     key_mask = write_kv(cache.key_mask, key_padding_mask(tokens, model.config.pad_id), cache.length)  # (B, P)
     y = dropout(model.embedder.encode(tokens, cache.length), "tgt_embed", model.config.dropout, rng)  # (B, n, D)
     h, cache = model.decoder.forward(y, cache._replace(key_mask=key_mask), rng)                      # (B, n, D)
+    h = h if at is None else tf.gather(h, [at], axis=1)  # a prefill needs its last position only
     return record("logits", model.embedder.decode(h)), cache
 
 

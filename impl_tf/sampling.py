@@ -95,7 +95,7 @@ def _generate(model: LanguageModel, prompt: tf.Tensor, lengths: tf.Tensor, u: tf
     special = forbid_special(np.zeros(c.vocab_size), c) == NEG_INF           # (V,) True at pad and BOS
     first = tf.reduce_min(tf.where(lengths > 0, lengths, L))                 # the shortest prompt
     prefill = tf.where(tf.range(L) < first, prompt, c.pad_id)               # (B, L)
-    logits, cache = _decode(model, prefill, _empty_cache(model, B, P))
+    logits, cache = _decode(model, prefill, _empty_cache(model, B, P), at=first - 1)      # (B, 1, V)
     cache = cache._replace(length=first)
 
     def step(pos, logits, done, out, self_kv, key_mask, length):
@@ -116,7 +116,7 @@ def _generate(model: LanguageModel, prompt: tf.Tensor, lengths: tf.Tensor, u: tf
         state = tf.cond(tf.reduce_all(done), lambda: (logits, self_kv, key_mask, length), decode)
         return pos + 1, state[0], done, out, *state[1:]
 
-    state = (first, tf.gather(logits, first - 1, axis=1), lengths == 0, tf.fill([B, P], c.pad_id), cache.self_kv,
+    state = (first, logits[:, 0], lengths == 0, tf.fill([B, P], c.pad_id), cache.self_kv,
              cache.key_mask, cache.length)
     end = tf.reduce_max(lengths) + max_new
     _, _, _, out, *_ = tf.while_loop(lambda pos, _, done, *__: (pos < end) & ~tf.reduce_all(done), step, state)

@@ -258,12 +258,16 @@ def _empty_cache(model: TransformerBase, batch: int, capacity: int, dtype: torch
                    memory_mask=None)
 
 
-def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None) -> Tensor:
-    """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32; ``cache`` written in place."""
+def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None, *,
+            at: int | None = None) -> Tensor:
+    """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32, or (B, 1, V) of new position ``at``
+    alone (a prefill that needs its last: the output projection of the others is most of its cost at a large V);
+    ``cache`` written in place."""
     start, n = cache.length, tokens.shape[1]
     cache.key_mask[:, start:start + n] = key_padding_mask(tokens, model.config.pad_id)
     y = dropout(model.embedder.encode(tokens, start), "tgt_embed", model.config.dropout, rng)
     y, cache = model.decoder(y, cache, rng)
+    y = y if at is None else y[:, at:at + 1]
     return record("logits", model.embedder.decode(record("decoder.out", y)))
 
 

@@ -87,7 +87,7 @@ def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tens
     out = torch.full((B, N), c.pad_id, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     cache = _init_cache(model, B, last + N)
-    logits = _decode(model, prompt[:, :first], cache)                                    # prefill
+    logits = _decode(model, prompt[:, :first], cache, at=first - 1)                      # prefill
     for pos in range(first, last + N):
         step = pos - length                                  # each row's next new token; < 0: still in its prompt
         live, at = (step >= 0) & ~done, step.clamp(0, N - 1)

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from pydoc_data.topics import topics
@@ -120,17 +121,20 @@ def validation_loss(T: ModuleType, model: Any, windows: np.ndarray) -> float:
 
 def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED, *, config: Config = CONFIG,
         train_config: TrainConfig = TRAIN_CONFIG, eval_every: int = EVAL_EVERY, new_tokens: int = NEW_TOKENS,
-        show_progress: bool = True) -> dict[str, Any]:
+        val_windows: int | None = None, threads: int | None = None, show_progress: bool = True) -> dict[str, Any]:
     """Train ``T.LanguageModel(config, seed)`` for ``steps`` steps of ``batch`` windows of ``config.max_len``
-    tokens, evaluating at step 0, every ``eval_every`` steps and at the end; then generate from ``PROMPT``.
+    tokens, evaluating at step 0, every ``eval_every`` steps and at the end (on the first ``val_windows`` held-out
+    windows, a multiple of ``VAL_BATCH``; None: all); then generate from ``PROMPT``.
 
     Returns {"losses": [training loss per step], "evals": [[step, validation loss, perplexity, train_s]],
     "samples": {name: {"ids", "text", "tokens"}}, "unigram", "corpus", "train_s" (training steps alone),
-    "eval_s", "wall_s", and the settings}.
+    "eval_s", "wall_s", "cpu_s" (the process's CPU time: on a shared machine, what the run itself cost),
+    "load_average" (the 1-minute load at the start and the end), the settings, ``threads`` as given (recorded
+    only) and the machine}.
     """
-    start = time.perf_counter()
+    start, cpu_start, load_start = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     data = corpus(config)
-    windows = heldout_windows(data.heldout, config.max_len)
+    windows = heldout_windows(data.heldout, config.max_len)[:val_windows]
     model = T.LanguageModel(config, seed=seed)
     state = T.init_train_state(model, train_config, seed=seed)
     losses, evals, train_s, eval_s = [], [], 0.0, 0.0
@@ -155,8 +159,10 @@ def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED,
             seed), "prompt": PROMPT, "unigram": unigram(data.train, windows, config.vocab_size),
             "corpus": {**data.stats(), "heldout_windows": len(windows), "heldout_targets": int(windows[:, 1:].size)},
             "steps": steps, "batch": batch, "seed": seed, "train_s": round(train_s, 3), "eval_s": round(eval_s, 3),
-            "wall_s": round(time.perf_counter() - start, 3), "config": config.to_dict(),
-            "train_config": dataclasses.asdict(train_config), "version": getattr(T, "__version__", None)}
+            "wall_s": round(time.perf_counter() - start, 3), "cpu_s": round(time.process_time() - cpu_start, 3),
+            "load_average": [load_start, os.getloadavg()[0]], "config": config.to_dict(),
+            "train_config": dataclasses.asdict(train_config), "version": getattr(T, "__version__", None),
+            "threads": threads, "machine": _machine()}
 
 
 def samples(T: ModuleType, model: Any, bpe: ByteLevelBPE, new_tokens: int, seed: int) -> dict[str, Any]:
@@ -186,8 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     T = cli.load_backend(args.backend, args.threads)
     result = run(T, args.steps, args.batch, args.seed, config=CONFIG.replace(dtype=args.dtype),
-                 eval_every=args.eval_every, show_progress=not args.no_progress)
-    result.update(threads=args.threads, machine=_machine())
+                 eval_every=args.eval_every, threads=args.threads, show_progress=not args.no_progress)
     print(summary(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,21 +13,23 @@ The common public API of ``spec.api``; the same lines work in every backend::
     cache = model.init_cache(model.encode(src), src, capacity=8)
     step_logits, cache = model.decode([[1]], cache)   # (B, 1, V) float32; go on with the returned cache
     T.save_weights(model, "model.safetensors")
+    lm = T.LanguageModel(spec.preset("lm_tiny"))      # decoder-only: lm(tokens), T.generate(lm, prompt, 8, top_p=0.9)
 
-The TensorFlow idioms: ``Transformer`` is a ``tf.Module`` whose variables carry the canonical parameter names;
-results are ``tf.Tensor`` (searches: int64); ``decode`` returns a new ``KVCache`` (a NamedTuple of tensors).
-Numerics follow ``spec.numerics``: bf16 parameters and activations with fp32 accumulation exactly where the
-spec rounds, float32 logits. The forward, encoder, decoding step and search loops run as
-``tf.function(jit_compile=True)``: traced once, compiled by XLA once per concrete shape. So that varying shapes
-compile a bounded number of programs, ``model(...)``, ``encode`` and the searches pad the batch and lengths to
-buckets (powers of two) and slice the results back; each compilation logs one line at INFO on the ``"impl_tf"``
-logger. The forward drops out (section 5.4) only when given a stateless seed, ``model(src, tgt_in, rng=[seed, 0])``
-((2,) int); decoding and search never do.
+The TensorFlow idioms: ``Transformer`` and ``LanguageModel`` are ``tf.Module``s whose variables carry the
+canonical parameter names; results are ``tf.Tensor`` (searches and ``generate``: int64); ``decode`` returns a new
+``KVCache`` (a NamedTuple of tensors). Numerics follow ``spec.numerics``: bf16 parameters and activations with
+fp32 accumulation exactly where the spec rounds, float32 logits. The forward, encoder, decoding step, search and
+``generate`` loops run as ``tf.function(jit_compile=True)``: traced once, compiled by XLA once per concrete shape.
+So that varying shapes compile a bounded number of programs, ``model(...)``, ``encode``, the searches and
+``generate`` pad the batch and lengths to buckets (powers of two) and slice the results back; each compilation logs
+one line at INFO on the ``"impl_tf"`` logger. The forward drops out (section 5.4) only when given a stateless seed,
+``model(src, tgt_in, rng=[seed, 0])`` ((2,) int); decoding, search and ``generate`` never do.
 
 Training (section 5, ``impl_tf.train``): ``init_train_state`` gives a ``TrainState`` (a dataclass: the
 step, the ``TrainConfig``, Adam's fp32 moment variables and a ``tf.random.Generator`` for dropout); ``train_step``
 runs one compiled step (dropout, ``tf.GradientTape`` gradients, Adam) and updates model and state in place;
-``loss_and_gradients`` evaluates the loss and the fp32 gradients; ``save_train_state`` and ``load_train_state``
+``loss_and_gradients`` evaluates the loss and the fp32 gradients (``lm_train_step``, ``lm_loss_and_gradients``:
+next-token prediction); ``save_train_state`` and ``load_train_state``
 write and read the canonical train-state file. The library sets no process-wide TensorFlow flag and never reads or
 seeds TensorFlow's global RNG.
 
@@ -42,13 +44,17 @@ except ModuleNotFoundError as e:
                               "'aiayn-tf[cpu]', 'aiayn-tf[gpu]' (NVIDIA, tensorflow[and-cuda]) or "
                               "'aiayn-tf[tensorflow]'") from e
 
-from impl_tf import layers, model, numerics, search, train, weights  # noqa: E402
+from impl_tf import layers, lm, model, numerics, sampling, search, train, weights  # noqa: E402
+from impl_tf.lm import LanguageModel  # noqa: E402
 from impl_tf.model import KVCache, Transformer  # noqa: E402
 from impl_tf.numerics import numerics_scope  # noqa: E402
+from impl_tf.sampling import generate  # noqa: E402
 from impl_tf.search import beam_search, greedy_search  # noqa: E402
 from impl_tf.train import (  # noqa: E402
     TrainState,
     init_train_state,
+    lm_loss_and_gradients,
+    lm_train_step,
     load_train_state,
     loss_and_gradients,
     save_train_state,
@@ -59,7 +65,8 @@ from impl_tf.weights import from_params, load_weights, params_of, save_weights  
 __version__ = "0.2.0"
 
 __all__ = [
-    "KVCache", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "greedy_search",
-    "init_train_state", "layers", "load_train_state", "load_weights", "loss_and_gradients", "model", "numerics",
-    "numerics_scope", "params_of", "save_train_state", "save_weights", "search", "train", "train_step", "weights",
+    "KVCache", "LanguageModel", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "generate",
+    "greedy_search", "init_train_state", "layers", "lm", "lm_loss_and_gradients", "lm_train_step", "load_train_state",
+    "load_weights", "loss_and_gradients", "model", "numerics", "numerics_scope", "params_of", "sampling",
+    "save_train_state", "save_weights", "search", "train", "train_step", "weights",
 ]

@@ -187,23 +187,25 @@ class EncoderLayer(tf.Module):
 
 
 class DecoderLayer(tf.Module):
-    """Masked self-attention over a KV cache, cross-attention, FFN (section 3.1), each as ``EncoderLayer``'s."""
+    """Masked self-attention over a KV cache, cross-attention, FFN (section 3.1), each as ``EncoderLayer``'s; a
+    decoder-only model's (``config.decoder_only``) has no cross-attention (``cross_attn`` and its norm None)."""
 
     def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
         super().__init__(name="decoder_layer")
         self.norm_first, self.rate = c.norm_first, c.dropout
         attention, norm = functools.partial(MultiHeadAttention, params), functools.partial(LayerNorm, c, params)
         self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
-        self.cross_attn, self.cross_attn_norm = attention(f"{path}.cross_attn"), norm(f"{path}.cross_attn_norm")
+        self.cross_attn, self.cross_attn_norm = (None, None) if c.decoder_only else (
+            attention(f"{path}.cross_attn"), norm(f"{path}.cross_attn_norm"))
         self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn"), norm(f"{path}.ffn_norm")
 
     def forward(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], self_mask: tf.Tensor,
-                memory_kv: tuple[tf.Tensor, tf.Tensor], memory_mask: tf.Tensor, start: tf.Tensor | int,
+                memory_kv: tuple[tf.Tensor, tf.Tensor] | None, memory_mask: tf.Tensor | None, start: tf.Tensor | int,
                 rng: tf.Tensor | None = None) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
         """n new tokens y (B, n, D) at positions ``start...``: self_kv, this layer's (k (B, H, P, K),
         v (B, H, P, C)) holding positions < start; self_mask (B, 1, n, P) (causal and key padding); memory_kv
-        (k (B, H, S, K), v (B, H, S, C)); memory_mask (B, 1, 1, S); ``rng`` as ``dropout``'s. -> (B, n, D) and
-        self_kv with the new keys/values written at ``start...``."""
+        (k (B, H, S, K), v (B, H, S, C)); memory_mask (B, 1, 1, S), both None in a decoder-only model; ``rng`` as
+        ``dropout``'s. -> (B, n, D) and self_kv with the new keys/values written at ``start...``."""
         pre = self.norm_first
         h = self.self_attn_norm.forward(y) if pre else y
         self_kv = tuple(write_kv(cache, new, start) for cache, new in zip(self_kv, self.self_attn.project_kv(h),
@@ -211,9 +213,10 @@ class DecoderLayer(tf.Module):
         h = self.self_attn.forward(h, self_kv, self_mask)
         y = residual_add(y, dropout(h, "self_attn", self.rate, rng))
         y = record("self_attn.residual", y if pre else self.self_attn_norm.forward(y))
-        h = self.cross_attn.forward(self.cross_attn_norm.forward(y) if pre else y, memory_kv, memory_mask)
-        y = residual_add(y, dropout(h, "cross_attn", self.rate, rng))
-        y = record("cross_attn.residual", y if pre else self.cross_attn_norm.forward(y))
+        if self.cross_attn is not None:
+            h = self.cross_attn.forward(self.cross_attn_norm.forward(y) if pre else y, memory_kv, memory_mask)
+            y = residual_add(y, dropout(h, "cross_attn", self.rate, rng))
+            y = record("cross_attn.residual", y if pre else self.cross_attn_norm.forward(y))
         h = self.ffn.forward(self.ffn_norm.forward(y) if pre else y)
         y = residual_add(y, dropout(h, "ffn", self.rate, rng))
         return record("ffn.residual", y if pre else self.ffn_norm.forward(y)), self_kv

@@ -1,10 +1,10 @@
-"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3) as a tf.Module, with a preallocated KV cache.
+"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3) as a tf.Module, with a preallocated KV cache,
+and what the decoder-only ``impl_tf.lm.LanguageModel`` shares with it (``decode``).
 
 The decoder has one code path, as in ``spec.reference``: it consumes n new target tokens against a ``KVCache`` of
-everything before them. A teacher-forced forward is one call with all T tokens and an empty cache; incremental
-decoding is T calls of one token. The entry points run as ``tf.function(jit_compile=True)`` programs, the model's
-own (``Transformer.compiled``), with shape-polymorphic input signatures: traced once, compiled by XLA once per
-concrete shape.
+everything before them; a teacher-forced forward is one call with all T tokens and an empty cache. The entry points
+run as ``tf.function(jit_compile=True)`` programs, the model's own (``compiled``), with shape-polymorphic input
+signatures: traced once, compiled by XLA once per concrete shape.
 
 So that varying shapes compile a bounded number of programs, the forward, ``encode``, the searches and the
 training steps pad their inputs to buckets (``spec.shapes.batch_bucket``, ``length_bucket``; why the padding
@@ -37,16 +37,14 @@ logger = logging.getLogger("impl_tf")
 
 class KVCache(NamedTuple):
     """Decoder state for incremental decoding (``spec.api.KV_CACHE_FIELDS``); fixed-shape, so it can live in a
-    compiled ``tf.while_loop``; a nest of tensors.
-
-    Self-attention keys/values are preallocated to a capacity P and written in place by ``decode``;
-    cross-attention keys/values are computed once per source (``Transformer.init_cache``).
-    """
+    compiled ``tf.while_loop``; a nest of tensors. Self-attention keys/values are preallocated to a capacity P and
+    written in place by ``decode``; cross-attention keys/values are computed once per source
+    (``Transformer.init_cache``); a decoder-only model's ``memory_kv`` is () and ``memory_mask`` None."""
 
     self_kv: tuple[tuple[Float[tf.Tensor, "B H P K"], Float[tf.Tensor, "B H P C"]], ...]  # per decoder layer
     key_mask: Bool[tf.Tensor, "B P"]  # True = a written, non-pad target position
     memory_kv: tuple[tuple[Float[tf.Tensor, "B H S K"], Float[tf.Tensor, "B H S C"]], ...]  # per decoder layer
-    memory_mask: Bool[tf.Tensor, "B S"]  # True = non-pad source position
+    memory_mask: Bool[tf.Tensor, "B S"] | None  # True = non-pad source position
     length: Int[tf.Tensor, ""]  # int32: positions written so far
 
 
@@ -98,11 +96,12 @@ class Decoder(Stack):
         causally, minus padding keys; ``rng`` as ``layers.dropout``'s."""
         start, n, capacity = cache.length, tf.shape(y)[1], tf.shape(cache.key_mask)[1]
         self_mask = causal_mask(start, n, capacity)[None, None] & cache.key_mask[:, None, None, :]  # (B, 1, n, P)
-        memory_mask = cache.memory_mask[:, None, None, :]                                         # (B, 1, 1, S)
+        memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         self_kv = []
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
-                y, kv = layer.forward(y, cache.self_kv[i], self_mask, cache.memory_kv[i], memory_mask, start, rng)
+                memory_kv = cache.memory_kv[i] if cache.memory_kv else None                      # decoder-only: none
+                y, kv = layer.forward(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start, rng)
                 record("out", y)
             self_kv.append(kv)
         if self.final_norm is not None:
@@ -116,63 +115,31 @@ class Transformer(tf.Module):
     Its entry points compute in evaluation mode (no dropout) unless the forward is given a dropout ``rng`` (section
     5.4), as ``impl_tf.train_step`` gives it one each step. ``params``: canonical parameters that
     ``spec.weights_io.check_params`` accepted for ``config``, held instead of ``init_params``'s
-    (``impl_tf.from_params``, ``load_weights``).
-    Fields: ``config``; ``embedder``, ``encoder``, ``decoder``; ``params``, {canonical name: tf.Variable} in
-    ``spec.schema`` order (the shared embedding once); ``compiled``, the model's XLA programs by name (``forward``,
-    ``encode``, ``decode``, the searches', the training steps'), made at first use.
+    (``impl_tf.from_params``, ``load_weights``). Fields: ``config``; the layers; those of ``_model_fields``.
 
     Raises:
-        ValueError: from ``spec.init_params`` if ``seed`` is not a non-negative int.
+        ValueError: from ``spec.validate.check_model_kind`` for a decoder-only config, or ``spec.init_params``.
     """
 
     def __init__(self, config: Config, seed: int = 0, *, params: dict[str, np.ndarray] | None = None):
+        validate.check_model_kind(config, decoder_only=False)
         super().__init__(name="transformer")
         params = init_params(config, seed) if params is None else params
         self.config = config
         self.embedder = Embedder(config, params)
         self.encoder = Encoder(config, params)
         self.decoder = Decoder(config, params)
-        by_name = {v.name.removesuffix(":0"): v for v in self.variables}
-        self.params = {s.name: by_name[s.name] for s in param_specs(config)}
-        self.compiled = {}  # str name -> tf.function (str: tf.Module sorts the keys when it lists the variables)
-        self._shapes = set()  # (name, shape) pairs dispatched so far: XLA compiled each once
+        _model_fields(self)
 
     def forward(self, src, tgt_in, intermediates: bool = False, *, rng=None
                 ) -> Float[tf.Tensor, "B T V"] | tuple[Float[tf.Tensor, "B T V"], dict[str, tf.Tensor]]:
-        """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32; with
-        ``intermediates`` -> (logits, {name: tensor} of ``spec.shapes.intermediates``, each of its real shape).
-
-        Token ids may be nested lists, NumPy arrays or tensors; runs padded to buckets (module docstring), so the
-        masks a seed draws for the real positions depend on the buckets too. ``rng``: dropout (section 5.4,
-        ``layers.dropout``) from a stateless seed, (2,) int (a list, array or tensor, e.g. ``[seed, 0]``); None,
-        the default, evaluates.
-
-        Raises:
-            ValueError: from ``spec.validate.check_forward``, or an ``rng`` that is not (2,) int.
-        """
+        """Teacher-forced forward (section 3), as ``spec.api``; token ids may be nested lists, NumPy arrays or
+        tensors. Runs padded to buckets (module docstring), so the masks a seed draws for the real positions depend
+        on the buckets too. ``rng``: dropout (section 5.4, ``layers.dropout``) from a stateless seed, (2,) int (a
+        list, array or tensor, e.g. ``[seed, 0]``), else ``ValueError``; None, the default, evaluates."""
         src, tgt_in = _host_ids(src), _host_ids(tgt_in, "tgt_in")
-        c = self.config
-        validate.check_forward(src, tgt_in, c)
-        seed = None if rng is None else _seed(rng)
-        (B, S), T = src.shape, tgt_in.shape[1]
-        Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
-        args = [_device_ids(src, Bb, Sb, c.pad_id), _device_ids(tgt_in, Bb, Tb, c.pad_id)]
-        args += [] if seed is None else [seed]
-
-        def recorded(src: tf.Tensor, tgt_in: tf.Tensor, seed: tf.Tensor | None = None):
-            # Records while tf.function traces this, into a dict of the trace's own: with ``intermediates`` the
-            # dict of symbolic tensors is part of the traced function's output, so every later call returns their
-            # values. Its flags are in the program's name, its seed an argument: one trace for every seed.
-            with recording() as rec:
-                logits = _forward(self, src, tgt_in, seed)
-            return (logits, rec) if intermediates else logits
-
-        flags = (" with intermediates" if intermediates else "") + (" with dropout" if seed is not None else "")
-        out = _compiled(self, "forward" + flags, recorded, [IDS, IDS, SEED][:len(args)], (Bb, Sb, Tb))(*args)
-        if not intermediates:
-            return out[:B, :T]
-        want = shapes.intermediates(c, B, S, T, dropout=seed is not None)  # name -> ((B, S or T, ...), dtype)
-        return out[0][:B, :T], {name: x[:B, :want[name][0][1]] for name, x in out[1].items()}
+        validate.check_forward(src, tgt_in, self.config)
+        return _run_forward(self, _forward, [src, tgt_in], intermediates, rng)
 
     __call__ = forward
 
@@ -186,10 +153,7 @@ class Transformer(tf.Module):
 
     def init_cache(self, memory: Float[tf.Tensor, "B S D"], src, capacity: int) -> KVCache:
         """An empty ``KVCache`` for ``capacity`` target positions (P); the cross-attention K/V of memory (B, S, D)
-        are computed once here (section 3.2.3).
-
-        Raises:
-            ValueError: as ``spec.api``, or if memory is not (B, S, D) for src (B, S).
+        are computed once here (section 3.2.3). Raises ``ValueError`` as ``spec.api``, or for memory not (B, S, D).
         """
         src = _host_ids(src)
         validate.check_source(src, self.config)
@@ -202,42 +166,53 @@ class Transformer(tf.Module):
 
     def decode(self, tokens, cache: KVCache) -> tuple[Float[tf.Tensor, "B n V"], KVCache]:
         """n new target tokens (B, n) int at positions ``cache.length``.. -> (logits (B, n, V) float32, cache).
+        Projections and FFN run on the new tokens only; attention reads the cache (section 3.2.3)."""
+        return decode(self, tokens, cache)
 
-        The cache passed in is consumed: go on with the returned one. Projections and FFN run on the new tokens
-        only; attention reads the cache (section 3.2.3).
-        """
-        tokens = _host_ids(tokens, "tokens")
-        B, capacity = cache.key_mask.shape
-        validate.check_decode(tokens, self.config, B, int(cache.length), capacity)
-        c, shape = self.config, (B, tokens.shape[1], capacity, cache.memory_mask.shape[1])
-        kv = ((tf.TensorSpec([None, c.n_heads, None, c.d_k], self.embedder.dtype),
-               tf.TensorSpec([None, c.n_heads, None, c.d_v], self.embedder.dtype)),) * c.n_decoder_layers
-        signature = KVCache(self_kv=kv, key_mask=tf.TensorSpec([None, None], tf.bool), memory_kv=kv,
-                            memory_mask=tf.TensorSpec([None, None], tf.bool), length=tf.TensorSpec([], tf.int32))
-        decode = _compiled(self, "decode", lambda tokens, cache: _decode(self, tokens, cache), [IDS, signature], shape)
-        return decode(_device_ids(tokens, *tokens.shape, c.pad_id), cache)
+
+def decode(model: tf.Module, tokens, cache: KVCache) -> tuple[tf.Tensor, KVCache]:
+    """The ``decode`` of either model (``Transformer``, ``impl_tf.lm.LanguageModel``): validated, then one program,
+    which takes the cache's tensors, a decoder-only model's without memory (a signature holds no None)."""
+    tokens, c = _host_ids(tokens, "tokens"), model.config
+    B, capacity = cache.key_mask.shape
+    validate.check_decode(tokens, c, B, int(cache.length), capacity)
+    kv = ((tf.TensorSpec([None, c.n_heads, None, c.d_k], model.embedder.dtype),
+           tf.TensorSpec([None, c.n_heads, None, c.d_v], model.embedder.dtype)),) * c.n_decoder_layers
+    mask, length = tf.TensorSpec([None, None], tf.bool), tf.TensorSpec([], tf.int32)
+    memory = () if c.decoder_only else (cache.memory_kv, cache.memory_mask)
+
+    def step(tokens: tf.Tensor, self_kv: tuple, key_mask: tf.Tensor, length: tf.Tensor, memory: tuple):
+        return _decode(model, tokens, KVCache(self_kv, key_mask, *(memory or ((), None)), length))
+
+    shape = (B, tokens.shape[1], capacity, *(m.shape[1] for m in memory[1:]))
+    program = _compiled(model, "decode", step, [IDS, kv, mask, length, (kv, mask)[:len(memory)]], shape)
+    return program(_device_ids(tokens, *tokens.shape, c.pad_id), cache.self_kv, cache.key_mask, cache.length, memory)
 
 
 # ----------------------------------------------------------------- traced computations and their programs
 
 def _encode(model: Transformer, src: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
-    """src (B, S) int32 -> memory (B, S, D): embedding (sections 3.4, 3.5) and encoder; ``rng`` as
-    ``layers.dropout``'s."""
+    """src (B, S) int32 -> memory (B, S, D): embedding and encoder (sections 3.1-3.5); ``rng`` as dropout's."""
     x = dropout(model.embedder.encode(src), "src_embed", model.config.dropout, rng)              # (B, S, D)
     return model.encoder.forward(x, key_padding_mask(src, model.config.pad_id)[:, None, None, :], rng)
 
 
+def _empty_cache(model: tf.Module, batch: int | tf.Tensor, capacity: int | tf.Tensor) -> KVCache:
+    """An empty cache of ``capacity`` positions for ``batch`` rows, without memory: a decoder-only model's."""
+    c, zeros = model.config, lambda d: tf.zeros([batch, model.config.n_heads, capacity, d], model.embedder.dtype)
+    return KVCache(self_kv=tuple((zeros(c.d_k), zeros(c.d_v)) for _ in model.decoder.layers),
+                   key_mask=tf.zeros([batch, capacity], tf.bool), memory_kv=(), memory_mask=None,
+                   length=tf.constant(0, tf.int32))
+
+
 def _init_cache(model: Transformer, memory: tf.Tensor, src: tf.Tensor, capacity: int | tf.Tensor) -> KVCache:
     """An empty cache of ``capacity`` target positions for memory (B, S, D) of source src (B, S) int32."""
-    c, B = model.config, tf.shape(memory)[0]
-    zeros = lambda d: tf.zeros([B, c.n_heads, capacity, d], memory.dtype)  # noqa: E731
-    return KVCache(self_kv=tuple((zeros(c.d_k), zeros(c.d_v)) for _ in model.decoder.layers),
-                   key_mask=tf.zeros([B, capacity], tf.bool),
-                   memory_kv=tuple(layer.cross_attn.project_kv(memory) for layer in model.decoder.layers),
-                   memory_mask=key_padding_mask(src, c.pad_id), length=tf.constant(0, tf.int32))
+    return _empty_cache(model, tf.shape(memory)[0], capacity)._replace(
+        memory_kv=tuple(layer.cross_attn.project_kv(memory) for layer in model.decoder.layers),
+        memory_mask=key_padding_mask(src, model.config.pad_id))
 
 
-def _decode(model: Transformer, tokens: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None
+def _decode(model: tf.Module, tokens: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None
             ) -> tuple[tf.Tensor, KVCache]:
     """tokens (B, n) int32 at positions ``cache.length...`` -> (logits (B, n, V) float32, the updated cache):
     embedding, decoder, tied output projection; ``rng`` as ``layers.dropout``'s."""
@@ -248,14 +223,12 @@ def _decode(model: Transformer, tokens: tf.Tensor, cache: KVCache, rng: tf.Tenso
 
 
 def _host_ids(ids, name: str = "src") -> np.ndarray:
-    """Token ids (nested lists, NumPy arrays or eager tensors) as a NumPy host copy, for ``spec.validate`` (ragged
-    nested lists refused in the spec's words, naming ``name``)."""
+    """Token ids (nested lists, NumPy arrays or eager tensors) as a NumPy host copy for ``spec.validate``, named."""
     return validate.host_ids(name, ids)
 
 
 def _device_ids(ids: np.ndarray, batch: int, length: int, pad_id: int) -> tf.Tensor:
-    """Validated ids (B, L) as an int32 tensor (batch, length), the added rows and positions ``pad_id``: the
-    buckets of the module docstring, or (B, L) itself where the caller's shape is kept."""
+    """Validated ids (B, L) as int32 (batch, length): a bucket (module docstring), added rows and positions pad."""
     return tf.constant(shapes.pad_ids(ids, batch, length, pad_id))
 
 
@@ -266,19 +239,50 @@ def _forward(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, rng: tf.Tens
     return _decode(model, tgt_in, _init_cache(model, memory, src, tf.shape(tgt_in)[1]), rng)[0]
 
 
-def _seed(rng) -> tf.Tensor:
-    """A dropout ``rng`` as the programs take it: (2,) int64.
+def _model_fields(model: tf.Module) -> None:
+    """What a model (``Transformer``, ``LanguageModel``) holds beside its layers: ``params``, {canonical name:
+    tf.Variable} in ``spec.schema`` order (the shared embedding once); ``compiled``, the model's XLA programs by
+    name (``forward``, ``decode``, the searches', the training steps'), made at first use."""
+    by_name = {v.name.removesuffix(":0"): v for v in model.variables}
+    model.params = {s.name: by_name[s.name] for s in param_specs(model.config)}
+    model.compiled = {}  # str name -> tf.function (str: tf.Module sorts the keys when it lists the variables)
+    model._shapes = set()  # (name, shape) pairs dispatched so far: XLA compiled each once
 
-    Raises:
-        ValueError: if it is not two integers.
-    """
+
+def _run_forward(model: tf.Module, forward: Callable, ids: list[np.ndarray], intermediates: bool, rng
+                 ) -> tf.Tensor | tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """A model's forward on validated ids, (src, tgt_in) or (tokens,), padded to buckets: ``forward(model, *ids,
+    seed)`` compiled, its logits (and intermediates) sliced back to the real shapes."""
+    c, seed = model.config, None if rng is None else _seed(rng)
+    B, lengths = ids[0].shape[0], [x.shape[1] for x in ids]
+    size = (shapes.batch_bucket(B), *(shapes.length_bucket(n, c.max_len) for n in lengths))
+    args = [_device_ids(x, size[0], size[i + 1], c.pad_id) for i, x in enumerate(ids)] + [seed] * (rng is not None)
+
+    def recorded(*args: tf.Tensor):
+        # Records while tf.function traces this, into a dict of the trace's own: with ``intermediates`` the dict of
+        # symbolic tensors is part of the traced function's output, so every later call returns their values. Its
+        # flags are in the program's name, its seed an argument: one trace for every seed.
+        with recording() as rec:
+            logits = forward(model, *args)
+        return (logits, rec) if intermediates else logits
+
+    flags = (" with intermediates" if intermediates else "") + (" with dropout" if seed is not None else "")
+    out = _compiled(model, "forward" + flags, recorded, [IDS] * len(ids) + [SEED] * (rng is not None), size)(*args)
+    if not intermediates:
+        return out[:B, :lengths[-1]]
+    want = shapes.intermediates(c, B, *[0, *lengths][-2:], dropout=seed is not None)  # name -> ((B, S|T..), dtype)
+    return out[0][:B, :lengths[-1]], {name: x[:B, :want[name][0][1]] for name, x in out[1].items()}
+
+
+def _seed(rng) -> tf.Tensor:
+    """A dropout ``rng`` as the programs take it, (2,) int64; a ``ValueError`` if it is not two integers."""
     seed = tf.convert_to_tensor(rng)
     if not seed.dtype.is_integer or seed.shape != (2,):
         raise ValueError(f"rng must be a stateless seed, (2,) int, got {seed.dtype.name}{tuple(seed.shape)}")
     return tf.cast(seed, tf.int64)
 
 
-def _compiled(model: Transformer, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]
+def _compiled(model: tf.Module, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]
               ) -> tf.types.experimental.PolymorphicFunction:
     """The model's program ``name`` (its ``compiled`` field): ``fn`` XLA-compiled at first use, traced once for
     ``signature``, or without one a program per ``shape``. Logs ``shape``, the concrete shape about to be

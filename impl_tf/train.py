@@ -2,9 +2,10 @@
 
 The definitions are ``spec.training``'s, in TensorFlow's idiom:
 
-* The forward is the model's own (``impl_tf.model._forward``: the numerics contract exactly as in evaluation), with
-  ``layers.dropout`` masks drawn by stateless ops from a seed that the train state's ``tf.random.Generator`` gives
-  each step; the loss is computed in fp32 from the float32 logits.
+* The forward is the model's own (``impl_tf.model._forward``, ``impl_tf.lm._forward``: the numerics contract
+  exactly as in evaluation), with ``layers.dropout`` masks drawn by stateless ops from a seed that the train
+  state's ``tf.random.Generator`` gives each step; the loss is computed in fp32 from the float32 logits. A
+  ``LanguageModel`` learns next-token prediction: its logits of ``tokens[:, :-1]`` against ``tokens[:, 1:]``.
 * A ``tf.GradientTape`` differentiates with respect to the model's variables. Every parameter enters the computation
   through ``numerics.round_to``, a rounding to ``config.dtype`` held in fp32 that passes its gradient straight
   through, so gradients are fp32 whatever ``param_dtype``: the master weights' (``spec.training``).
@@ -14,9 +15,9 @@ The definitions are ``spec.training``'s, in TensorFlow's idiom:
   in float64 and rounded to fp32 (``adam_scalars``, ``adam_update``'s keyword ``scalars``); each parameter is
   updated in fp32 and rounded once to ``param_dtype``.
 
-Both entry points are programs of the model (``Transformer.compiled``), the train step one XLA program with the
-gradients, Adam and the variable assignments inside, compiled once per shape bucket: as the forward does, the batch
-and lengths are padded to ``spec.shapes`` buckets, the targets with ``pad_id``. Padded targets count neither in the
+The entry points are programs of the model (its ``compiled``), a train step one XLA program with the gradients,
+Adam and the variable assignments inside, compiled once per shape bucket: as the forward does, the batch and
+lengths are padded to ``spec.shapes`` buckets, the targets with ``pad_id``. Padded targets count neither in the
 loss nor in its denominator and padded source keys get exactly zero weight, so loss and gradients are the batch's
 own (up to the order of fp32 sums). Not one shape-polymorphic trace: XLA compiles each shape anyway, and the
 gradient of a polymorphic trace's bf16 product (``numerics.matmul_f32``'s ``tf.cond`` on the row count) fails in
@@ -33,7 +34,9 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.model import Transformer, _compiled, _device_ids, _forward, _host_ids
+from impl_tf import lm
+from impl_tf.lm import LanguageModel, Model
+from impl_tf.model import Transformer, _compiled, _device_ids, _forward, _host_ids, _seed
 from spec import shapes, training, validate
 from spec import train_state_io as spec_io
 from spec.recording import recording
@@ -57,7 +60,7 @@ class TrainState:
     rng: tf.random.Generator
 
 
-def init_train_state(model: Transformer, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
+def init_train_state(model: Model, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
     """The dropout generator is ``tf.random.Generator.from_seed(seed, alg="philox")``; all variables are made in
     the caller's ``tf.distribute`` scope, if any."""
     if not validate.is_int(seed) or seed < 0:
@@ -72,11 +75,7 @@ def init_train_state(model: Transformer, train_config: TrainConfig | None = None
 def loss_and_gradients(model: Transformer, src, tgt_in, tgt_out, label_smoothing: float = 0.1
                        ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """Returns (loss, a () float32 tensor; {canonical name: float32 gradient} in ``spec.schema`` order)."""
-    size, batch = _batch(model, src, tgt_in, tgt_out)
-    fn = lambda *args: _loss_and_gradients(model, *args)  # noqa: E731
-    loss, grads = _compiled(model, "loss_and_gradients", fn, None, size)(
-        *batch, tf.constant(label_smoothing, tf.float32))
-    return loss, dict(zip(model.params, grads, strict=True))
+    return _gradients(model, "loss_and_gradients", *_batch(model, src, tgt_in, tgt_out), label_smoothing)
 
 
 def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
@@ -88,11 +87,20 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
         ValueError: as ``spec.api``, or if ``state`` was built for another model (parameter names or shapes).
     """
     _check_state(model, state)
-    size, batch = _batch(model, src, tgt_in, tgt_out)
-    step = _compiled(model, "train_step", lambda *args: _train_step(model, *args), None, size)
-    loss = step(*batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
-    state.step.assign_add(1)
-    return loss, model, state
+    return _step(model, state, "train_step", *_batch(model, src, tgt_in, tgt_out))
+
+
+def lm_loss_and_gradients(model: LanguageModel, tokens, label_smoothing: float = 0.0, *, rng=None
+                          ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """As ``loss_and_gradients``; ``rng``: dropout from a stateless seed, as ``LanguageModel.forward``'s (None, the
+    default, evaluates)."""
+    return _gradients(model, "lm_loss_and_gradients", *_lm_batch(model, tokens), label_smoothing, rng)
+
+
+def lm_train_step(model: LanguageModel, state: TrainState, tokens) -> tuple[tf.Tensor, LanguageModel, TrainState]:
+    """As ``train_step``, for next-token prediction on tokens (B, T)."""
+    _check_state(model, state)
+    return _step(model, state, "lm_train_step", *_lm_batch(model, tokens))
 
 
 def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
@@ -103,7 +111,7 @@ def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
                                            state.train_config, state.rng.state.numpy(), "tf"))
 
 
-def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
+def load_train_state(path: str | os.PathLike, model: Model) -> TrainState:
     """A file written by another framework keeps its moments, step and config; its dropout generator is seeded
     afresh from 0, with a ``UserWarning`` that dropout masks will differ."""
     stored = spec_io.load(path, model.config)
@@ -156,7 +164,7 @@ def adam_update(params: dict[str, tf.Variable], grads: dict[str, tf.Tensor], sta
         p.assign(tf.cast(tf.cast(p, tf.float32) - scalars["lr"] * step, p.dtype))      # rounded once
 
 
-def adam_scalars(model: Transformer, state: TrainState) -> dict[str, tf.Tensor]:
+def adam_scalars(model: Model, state: TrainState) -> dict[str, tf.Tensor]:
     """The fp32 scalars of the Adam step ``state.step + 1`` (equation 3's learning rate, the bias corrections, the
     betas, epsilon, label smoothing): float64 on the host, each rounded once to fp32."""
     tc, t = state.train_config, int(state.step.numpy()) + 1  # .numpy(): a mirrored variable too (train_dp)
@@ -173,6 +181,7 @@ def _batch(model: Transformer, src, tgt_in, tgt_out) -> tuple[tuple[int, int, in
     padded to them with ``pad_id``: (Bb, Sb), (Bb, Tb), (Bb, Tb))."""
     src, tgt_in, tgt_out = _host_ids(src), _host_ids(tgt_in, "tgt_in"), _host_ids(tgt_out, "tgt_out")
     c = model.config
+    validate.check_model_kind(c, decoder_only=False)
     validate.check_train_batch(src, tgt_in, tgt_out, c)
     (B, S), T = src.shape, tgt_in.shape[1]
     Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
@@ -180,7 +189,17 @@ def _batch(model: Transformer, src, tgt_in, tgt_out) -> tuple[tuple[int, int, in
                           _device_ids(tgt_out, Bb, Tb, c.pad_id))
 
 
-def _check_state(model: Transformer, state: TrainState) -> None:
+def _lm_batch(model: LanguageModel, tokens) -> tuple[tuple[int, int], tuple[tf.Tensor]]:
+    """The spec's checks of a next-token batch (B, T) on a host copy, then (the buckets (Bb, Tb), (the tokens as
+    int32 (Bb, Tb) padded with ``pad_id``,))."""
+    tokens, c = _host_ids(tokens, "tokens"), model.config
+    validate.check_model_kind(c, decoder_only=True)
+    validate.check_lm_batch(tokens, c)
+    size = (shapes.batch_bucket(tokens.shape[0]), shapes.length_bucket(tokens.shape[1], c.max_len))
+    return size, (_device_ids(tokens, *size, c.pad_id),)
+
+
+def _check_state(model: Model, state: TrainState) -> None:
     """``state``'s moments must have the model's parameter names, in its order, and shapes."""
     for k in ("m", "v"):
         moments = getattr(state, k)
@@ -192,24 +211,54 @@ def _check_state(model: Transformer, state: TrainState) -> None:
                                  f"{tuple(model.params[want].shape)}")
 
 
-def _loss_and_gradients(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor,
-                        label_smoothing: tf.Tensor, rng: tf.Tensor | None = None
-                        ) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """(loss () float32, fp32 gradients in schema order) of the model's forward, traced inside a tf.function; its
-    records go to a dict of this trace's own. ``rng`` as ``layers.dropout``'s."""
+def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...],
+               label_smoothing: float, rng=None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """The entry points' (loss, {canonical name: gradient}) of a padded ``batch`` (``_logits``), by the program
+    ``name`` for its buckets ``size``; ``rng`` as ``LanguageModel.forward``'s."""
+    seed = [] if rng is None else [_seed(rng)]
+    fn = lambda *args: _loss_and_gradients(model, *args)  # noqa: E731
+    loss, grads = _compiled(model, name + (" with dropout" if seed else ""), fn, None, size)(
+        batch, tf.constant(label_smoothing, tf.float32), *seed)
+    return loss, dict(zip(model.params, grads, strict=True))
+
+
+def _step(model: Model, state: TrainState, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...]
+          ) -> tuple[tf.Tensor, Model, TrainState]:
+    """The train steps' compiled step ``name`` on a padded ``batch`` (``_logits``) for its buckets ``size``."""
+    step = _compiled(model, name, lambda *args: _train_step(model, *args), None, size)
+    loss = step(batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
+    state.step.assign_add(1)
+    return loss, model, state
+
+
+def _logits(model: Model, batch: tuple[tf.Tensor, ...], rng: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
+    """(logits (B, T, V) float32, targets (B, T)) of a padded batch: a ``Transformer``'s (src, tgt_in, tgt_out); a
+    ``LanguageModel``'s (tokens,), whose logits of ``tokens[:, :-1]`` predict ``tokens[:, 1:]``. ``rng`` as
+    ``layers.dropout``'s."""
+    if model.config.decoder_only:
+        (tokens,) = batch
+        return lm._forward(model, tokens[:, :-1], rng), tokens[:, 1:]
+    src, tgt_in, tgt_out = batch
+    return _forward(model, src, tgt_in, rng), tgt_out
+
+
+def _loss_and_gradients(model: Model, batch: tuple[tf.Tensor, ...], label_smoothing: tf.Tensor,
+                        rng: tf.Tensor | None = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """(loss () float32, fp32 gradients in schema order) of the model's forward on a padded ``batch``
+    (``_logits``), traced inside a tf.function; its records go to a dict of this trace's own. ``rng`` as
+    ``layers.dropout``'s."""
     with tf.GradientTape() as tape, recording():
-        logits = _forward(model, src, tgt_in, rng)                                       # (B, T, V) float32
+        logits, tgt_out = _logits(model, batch, rng)                                     # (B, T, V) float32
         loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32
     # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
     return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, list(model.params.values()))]
 
 
-def _train_step(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, tgt_out: tf.Tensor, seed: tf.Tensor,
-                scalars: dict[str, tf.Tensor], m: dict[str, tf.Variable], v: dict[str, tf.Variable]) -> tf.Tensor:
-    """The compiled step on padded ids src (B, S), tgt_in, tgt_out (B, T) int32: dropout from ``seed`` (2,) int64
-    (``layers.dropout``: each site its own draw); Adam on the moments ``m``, ``v`` with the step's ``scalars``;
-    -> loss () float32."""
-    loss, grads = _loss_and_gradients(model, src, tgt_in, tgt_out, scalars["label_smoothing"], seed)
+def _train_step(model: Model, batch: tuple[tf.Tensor, ...], seed: tf.Tensor, scalars: dict[str, tf.Tensor],
+                m: dict[str, tf.Variable], v: dict[str, tf.Variable]) -> tf.Tensor:
+    """The compiled step on a padded ``batch`` (``_logits``): dropout from ``seed`` (2,) int64 (``layers.dropout``:
+    each site its own draw); Adam on the moments ``m``, ``v`` with the step's ``scalars``; -> loss () float32."""
+    loss, grads = _loss_and_gradients(model, batch, scalars["label_smoothing"], seed)
     adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None),
                 scalars=scalars)
     return loss

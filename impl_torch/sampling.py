@@ -11,6 +11,7 @@ whatever mode the model is in.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -70,10 +71,17 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
     lengths = validate.check_prompt(host, c, max_new_tokens)
     sampling.check_sampling(temperature, top_k, top_p, seed)
     validate.check_model_kind(c, decoder_only=True)
-    dev, B, N = model.embedding.device, len(lengths), int(max_new_tokens)
+    dev = model.embedding.device
+    u = torch.as_tensor(sampling.uniforms(seed, len(lengths), int(max_new_tokens)), dtype=torch.float64, device=dev)
+    return _generate(model, _device_ids(host, dev), lengths, u, temperature, top_k, top_p)
+
+
+def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tensor, temperature: float,
+              top_k: int | None, top_p: float) -> Tensor:
+    """The loop of ``generate`` on validated input: prompt (B, L) int64 and its lengths (B,), uniforms u (B, N)
+    -> new tokens (B, <= N)."""
+    c, dev, (B, N) = model.config, prompt.device, u.shape
     first, last = int(lengths.min()), int(lengths.max())
-    prompt = _device_ids(host, dev)
-    u = torch.as_tensor(sampling.uniforms(seed, B, N), dtype=torch.float64, device=dev)   # (B, N)
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                             # never generated
     length, rows = torch.as_tensor(lengths, device=dev), torch.arange(B, device=dev)
     out = torch.full((B, N), c.pad_id, dtype=torch.long, device=dev)

@@ -73,7 +73,7 @@ def test_sampled_and_policy_reject_bad_input():
 @pytest.fixture(scope="module", params=sorted(golden_training.CASES))
 def case(request):
     meta, c, params, inputs, expected = golden_training.load_case(golden_cases.GOLDEN_DIR, request.param)
-    batches = list(zip(inputs["src"], inputs["tgt_in"], inputs["tgt_out"], strict=True))
+    batches = golden_training.batches_of(inputs)
     exact, _, undecided = golden_training.runs(params, batches, c)
     return {"meta": meta, "c": c, "params": params, "batches": batches, "expected": expected,
             "case": golden_training.CASES[request.param], "exact": exact, "undecided": undecided}
@@ -87,10 +87,16 @@ def _run(k: dict, tc: training.TrainConfig = golden_training.TRAIN_CONFIG) -> di
 
 
 def test_case_inputs_are_padded_and_recorded(case):
-    meta, c, (src, tgt_in, tgt_out) = case["meta"], case["c"], case["batches"][0]
+    meta, c = case["meta"], case["c"]
     assert meta["kind"] == "train" and c.param_dtype == "float32" and c.dropout == 0.0
     assert meta["train"]["train_config"] == dataclasses.asdict(golden_training.TRAIN_CONFIG)
-    for src, tgt_in, tgt_out in case["batches"]:
+    for batch in case["batches"]:
+        if c.decoder_only:  # tokens: BOS, body, EOS, then padding
+            (tokens,) = batch
+            assert (tokens == c.pad_id).any() and (tokens[:, 0] == c.bos_id).all()
+            assert ((tokens == c.eos_id).sum(axis=1) == 1).all()
+            continue
+        src, tgt_in, tgt_out = batch
         assert (src == c.pad_id).any() and (tgt_out == c.pad_id).any() and (tgt_in[:, 0] == c.bos_id).all()
         assert ((tgt_in == c.pad_id) == (tgt_out == c.pad_id)).all()
 
@@ -132,8 +138,12 @@ def test_policy_fails_a_gradient_scaled_by_a_little(case):
 
 
 def test_policy_fails_label_smoothing_off(case):
+    """The gradients always see it; the loss too, but in the decoder-only mixed case: its near-uniform initial
+    predictions make the two losses differ by at most 0.034, under its bf16 loss tolerance of one ulp at 4.47."""
     tc = dataclasses.replace(golden_training.TRAIN_CONFIG, label_smoothing=0.0)
-    assert {"loss", "grad"} <= _failures(case, _run(case, tc))
+    c = case["c"]
+    caught = {"grad"} if c.decoder_only and c.dtype == "bfloat16" else {"loss", "grad"}
+    assert caught <= _failures(case, _run(case, tc))
 
 
 def test_policy_fails_padding_counted_in_the_loss(case, monkeypatch):

@@ -100,15 +100,18 @@ def report(runs: list[dict[str, Any]], fp32: dict[str, Any] | None, png: Path) -
              f"{corpus['heldout_windows']} windows.", "",
              f"Machine: {m['cpu']}, {m['cores']} cores ({', '.join(m['simd'])}), {first['threads']} thread(s) per "
              f"run, Python {m['python']}, {m['date']}.", "",
-             "| backend | compute | final validation loss | perplexity | training s | evaluation s | wall s |",
-             "|---|---|---|---|---|---|---|"]
+             "Times: wall-clock seconds of training steps, of the evaluations, and of the whole run, and the run's "
+             "CPU seconds (the process's own: the machine is shared, and the 1-minute load average during the runs "
+             f"was {_loads(runs, fp32)}).", "",
+             "| backend | compute | final validation loss | perplexity | training s | evaluation s | wall s | CPU s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in runs + ([fp32] if fp32 else []):
         _, val, ppl, _ = r["evals"][-1]
         lines.append(f"| impl_{_fw(r)} | {r['config']['dtype']} | {val:.4f} | {ppl:.2f} | {r['train_s']:.0f} | "
-                     f"{r['eval_s']:.0f} | {r['wall_s']:.0f} |")
+                     f"{r['eval_s']:.0f} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
     u = first["unigram"]
     lines += [f"| unigram (add-one, training counts) | | {u['cross_entropy']:.4f} | {math.exp(u['cross_entropy']):.1f}"
-              " | | | |", ""]
+              " | | | | |", ""]
     lines += _agreement_lines(runs, fp32) + _sample_lines(runs)
     return "\n".join(lines) + "\n"
 
@@ -135,6 +138,11 @@ def _sample_lines(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _loads(runs: list[dict[str, Any]], fp32: dict[str, Any] | None) -> str:
+    loads = [x for r in runs + ([fp32] if fp32 else []) for x in r["load_average"]]
+    return f"{min(loads):.1f} to {max(loads):.1f} on {runs[0]['machine']['cores']} cores"
+
+
 def _token(run: dict[str, Any], name: str, i: int) -> str:
     tokens = run["samples"][name]["tokens"]
     return f"`{tokens[i]!r}`" if i < len(tokens) else "(ended)"
@@ -146,32 +154,40 @@ def _cell(text: str) -> str:
 
 
 def chart(runs: list[dict[str, Any]], fp32: dict[str, Any] | None, path: Path) -> Path:
-    """One PNG: each backend's training loss per step (thin) and validation loss (markers), the float32 run's
-    validation loss dashed, the unigram baseline dotted; colours as the bench's (C0 torch, C1 jax, C2 tf)."""
-    fig, ax = plt.subplots(figsize=(8.0, 4.5))
-    for r in runs:
+    """One PNG: left, each backend's training loss per step (thin) and validation loss (markers), the unigram
+    baseline dotted; right, each run's validation loss minus the first backend's, the float32 run's dashed (the
+    curves on the left lie on top of each other); colours as the bench's (C0 torch, C1 jax, C2 tf)."""
+    fig, (ax, diff) = plt.subplots(1, 2, figsize=(11.0, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    base = {e[0]: e[1] for e in runs[0]["evals"]}
+    for r in runs + ([fp32] if fp32 else []):
         colour, label = f"C{FRAMEWORKS.index(_fw(r))}", f"impl_{_fw(r)}"
-        ax.plot(range(1, len(r["losses"]) + 1), r["losses"], color=colour, linewidth=0.6, alpha=0.5,
-                label=f"{label} training")
-        ax.plot(*zip(*[(e[0], e[1]) for e in r["evals"]], strict=True), color=colour, marker="o", markersize=3,
-                label=f"{label} validation ({r['evals'][-1][1]:.3f})")
-    if fp32:
-        ax.plot(*zip(*[(e[0], e[1]) for e in fp32["evals"]], strict=True), color="grey", linestyle="--",
-                label=f"impl_{_fw(fp32)} validation, float32 compute ({fp32['evals'][-1][1]:.3f})")
+        steps, vals = zip(*[(e[0], e[1]) for e in r["evals"]], strict=True)
+        if r is fp32:
+            colour, label = "grey", f"{label}, float32 compute"
+        else:
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], color=colour, linewidth=0.6, alpha=0.5,
+                    label=f"{label} training")
+            ax.plot(steps, vals, color=colour, marker="o", markersize=3, label=f"{label} validation ({vals[-1]:.3f})")
+        diff.plot(steps, [v - base[s] for s, v in zip(steps, vals, strict=True)], color=colour, marker="o",
+                  markersize=3, linestyle="--" if r is fp32 else "-", label=label)
     ax.axhline(runs[0]["unigram"]["cross_entropy"], color="grey", linestyle=":", linewidth=0.8,
                label="unigram on the held-out topics")
     c = runs[0]["config"]
     ax.set_xlabel("step")
     ax.set_ylabel("next-token cross entropy, nats")
-    ax.set_ylim(top=min(ax.get_ylim()[1], 9.0))
-    ax.set_title(f"CPython's docs: d_model {c['d_model']}, {c['n_decoder_layers']} layers, context {c['max_len']}, "
-                 f"{c['dtype']} compute, batch {runs[0]['batch']}, same weights and windows", fontsize=9)
+    ax.set_title("training and validation loss", fontsize=9)
     ax.legend(fontsize=7)
+    diff.set_xlabel("step")
+    diff.set_ylabel("nats")
+    diff.set_title(f"validation loss minus impl_{_fw(runs[0])}'s", fontsize=9)
+    diff.legend(fontsize=7)
+    fig.suptitle(f"CPython's docs: d_model {c['d_model']}, {c['n_decoder_layers']} layers, context {c['max_len']}, "
+                 f"{c['dtype']} compute, batch {runs[0]['batch']}, seed {runs[0]['seed']}, same weights and windows",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
 
 if __name__ == "__main__":
     main()

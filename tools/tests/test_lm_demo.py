@@ -13,7 +13,7 @@ import pytest
 
 from spec.config import LM_TINY
 from text.bpe import ByteLevelBPE
-from tools import lm_demo, lm_report
+from tools import lm_demo
 from tools.train_demo import BACKENDS
 
 TINY = LM_TINY.replace(vocab_size=300, n_decoder_layers=1, max_len=32, dropout=0.0, param_dtype="float32")
@@ -82,6 +82,7 @@ def test_three_steps_write_the_record(runs, backend):
 
 
 def test_report_writes_the_png_and_judges_agreement(runs, tmp_path):
+    lm_report = pytest.importorskip("tools.lm_report", reason="the report needs matplotlib")
     # A run standing in for its own float32 twin: the agreement's code runs without a fourth training.
     one = next(iter(runs.values()))
     png, md = tmp_path / "lm.png", tmp_path / "lm.md"

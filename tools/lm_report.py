@@ -73,14 +73,16 @@ def agreement(runs: list[dict[str, Any]], fp32: dict[str, Any]) -> dict[str, Any
 
 
 def divergence(runs: list[dict[str, Any]], name: str) -> str:
-    """Where the backends' ``name`` samples first differ: the token's position and each backend's token there."""
-    ids = [r["samples"][name]["ids"] for r in runs]
-    for i in range(max(map(len, ids))):
-        here = [s[i] if i < len(s) else None for s in ids]
-        if len(set(here)) > 1:
-            tokens = ", ".join(f"{_fw(r)} {_token(r, name, i)}" for r in runs)
-            return f"first difference at new token {i + 1}: {tokens}"
-    return "identical in every backend"
+    """Where each pair of backends' ``name`` samples first differ: the new token's position and each one's token."""
+    parts = []
+    for a, b in itertools.combinations(runs, 2):
+        ids_a, ids_b = a["samples"][name]["ids"], b["samples"][name]["ids"]
+        i = next((i for i in range(max(len(ids_a), len(ids_b)))
+                  if i >= min(len(ids_a), len(ids_b)) or ids_a[i] != ids_b[i]), None)
+        pair = f"{_fw(a)} and {_fw(b)}"
+        parts.append(f"{pair} identical" if i is None else
+                     f"{pair} first differ at new token {i + 1} ({_token(a, name, i)} against {_token(b, name, i)})")
+    return "; ".join(parts) or "one backend only"
 
 
 def report(runs: list[dict[str, Any]], fp32: dict[str, Any] | None, png: Path) -> str:

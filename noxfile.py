@@ -6,6 +6,7 @@
     nox -s "bench(framework='jax')" -- --workloads forward --batch 16   # one framework, options to the bench
     nox -s train_demo                               # every backend learns the reverse task; loss plot, accuracies
     nox -s "train_demo(backend='jax')" -- --steps 500 --min-accuracy 0.9   # one backend, options to the demo
+    nox -s lm_demo                                  # every backend's language model learns CPython's docs; curves
     nox -s train_dp                                 # 2 data-parallel workers against one device, resume, learning
     nox -s text                                     # tools/tests: corpus to BLEU in every backend, the peer; demo
     nox -s translate_demo                           # En->De from the catalogs, 30 min per backend and the peer
@@ -140,11 +141,42 @@ TEXT = ["./spec", "./conformance", "./text", "./impl_torch", "./impl_jax", "./im
 
 
 @session
+@nox.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+def lm_demo(session: nox.Session, backend: str) -> None:
+    """One framework's decoder-only model learns CPython's documentation (``tools.lm_demo``) from the same weights
+    and windows as the others; torch also trains with float32 compute, the bound of the report's agreement
+    criterion. Arguments after ``--`` go to the demo."""
+    session.install(*CONSTRAINTS, "./spec", "./text", *PACKAGES[backend], "rich")
+    session.notify("lm_demo_report")
+    out = REPORTS / "lm_demo"
+    session.run("python", "-m", "tools.lm_demo", "--backend", backend, "--threads", "1",
+                "--out", str(out / f"{backend}.json"), *session.posargs)
+    if backend == "torch":
+        session.run("python", "-m", "tools.lm_demo", "--backend", backend, "--threads", "1", "--dtype", "float32",
+                    "--out", str(out / "fp32" / "torch.json"), *session.posargs)
+
+
+@session
+def lm_demo_report(session: nox.Session) -> None:
+    """This run's language-model demos: the loss curves (PNG) and a Markdown report (table, agreement, samples) by
+    ``tools.lm_report``; docs/lm_demo.{png,md} are copies of a run of every framework."""
+    out = REPORTS / "lm_demo"
+    files = sorted(out.glob("*.json"))
+    if not files:
+        session.skip("no language-model demo from this run")
+    fp32 = out / "fp32" / "torch.json"
+    session.install(*CONSTRAINTS, "matplotlib")
+    session.run("python", "-m", "tools.lm_report", *map(str, files),
+                *(["--fp32", str(fp32)] if fp32.exists() else []),
+                "--png", str(out / "lm_demo.png"), "--md", str(out / "lm_demo.md"))
+
+
+@session
 def text(session: nox.Session) -> None:
     """The tools in every backend (``tools/tests``): the text layer (corpus -> tokenizer -> training -> translation
     -> BLEU, one checkpoint translated by all three; the torch peer) and the training demo's short run in each impl;
     the text layer's framework-free unit tests run in ``tests``."""
-    session.install(*CONSTRAINTS, *TEXT, "pytest")
+    session.install(*CONSTRAINTS, *TEXT, "pytest", "matplotlib")
     session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
 
 

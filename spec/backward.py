@@ -270,19 +270,16 @@ def gradients_at(P: Params, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.nda
     values, and ``as_float64`` would round them to ``c.dtype``. Same arguments, result and errors otherwise; with
     a decoder-only config ``src`` is None and tgt_in is the model's input tokens.
     """
-    tgt_in, tgt_out = np.asarray(tgt_in), np.asarray(tgt_out)
-    if c.decoder_only:
-        validate.check_tokens("tokens", tgt_in, c)
-    else:
-        validate.check_forward(np.asarray(src), tgt_in, c)
+    src, tgt_in, tgt_out = None if c.decoder_only else np.asarray(src), np.asarray(tgt_in), np.asarray(tgt_out)
+    validate.check_tokens("tokens", tgt_in, c) if src is None else validate.check_forward(src, tgt_in, c)
     validate.check_tokens("tgt_out", tgt_out, c)
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: shape {tgt_out.shape} differs from tgt_in's {tgt_in.shape}")
     if nx.mode not in ("exact", c.dtype):
         raise ValueError(f"backward: numerics {nx.mode!r} must be 'exact' or the config's dtype {c.dtype!r}")
     grads = {k: np.zeros_like(v) for k, v in P.items()}
-    memory, encoder_back = (None, None) if c.decoder_only else encoder(P, grads, np.asarray(src), c, nx)
-    logits, decoder_back = decoder(P, grads, tgt_in, memory, None if memory is None else np.asarray(src), c, nx)
+    memory, encoder_back = (None, None) if src is None else encoder(P, grads, src, c, nx)
+    logits, decoder_back = decoder(P, grads, tgt_in, memory, src, c, nx)
     loss = float(nx.acc(training.label_smoothed_cross_entropy(logits, tgt_out, c, label_smoothing)))
     dlogits = nx.acc(training.loss_gradient(logits, tgt_out, c, label_smoothing))   # (B, T, V) fp32
     dmemory = decoder_back(dlogits)
@@ -294,13 +291,9 @@ def gradients_at(P: Params, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.nda
 def lm_loss_and_gradients(params: dict[str, np.ndarray], tokens: np.ndarray, c: Config, label_smoothing: float = 0.0,
                           nx: Numerics = EXACT) -> tuple[float, Params]:
     """Next-token prediction (``spec.api.lm_loss_and_gradients``) with a decoder-only config: the loss of logits
-    of ``tokens[:, :-1]`` against ``tokens[:, 1:]`` and its gradient, as ``loss_and_gradients``.
-
-    Raises:
-        ValueError: from ``spec.validate.check_model_kind`` and ``check_lm_batch``.
-    """
+    of ``tokens[:, :-1]`` against ``tokens[:, 1:]`` and its gradient, as ``loss_and_gradients``. Raises
+    ``ValueError`` from ``spec.validate.check_model_kind`` and ``check_lm_batch``."""
     validate.check_model_kind(c, decoder_only=True)
-    tokens = np.asarray(tokens)
-    validate.check_lm_batch(tokens, c)
+    validate.check_lm_batch(tokens := np.asarray(tokens), c)
     return gradients_at(ref.as_float64(params, c), None, tokens[:, :-1], tokens[:, 1:], c, label_smoothing, nx)
 

@@ -25,7 +25,7 @@ def test_presets_and_schema():
     names = [p.name for p in spec.param_specs(spec.preset("lm_tiny"))]
     assert names[0] == "embedding" and names[-2:] == ["decoder.final_norm.scale", "decoder.final_norm.bias"]
     assert not any(n.startswith("encoder.") or ".cross_attn" in n for n in names)
-    # 12 layers of 4 D^2 attention + 2 D F FFN (+ biases, norms), the tied 50257 x 768 embedding: 123.5M
+    # 12 layers of 4 D^2 attention + 2 D F FFN (+ biases, norms), the tied 50257 x 768 embedding: 123,616,512
     assert spec.param_count(c) == 50257 * 768 + 12 * (4 * 768 * 768 + 2 * 768 * 3072 + 3072 + 768 + 4 * 768) + 2 * 768
     assert shapes.dropout_sites(spec.preset("lm_tiny"))[0] == "tgt_embed"
 

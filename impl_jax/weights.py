@@ -24,7 +24,7 @@ from spec.schema import param_specs
 def from_params(config: Config, params: dict[str, np.ndarray]) -> Transformer | LanguageModel:
     """A model holding the canonical ``params`` (``spec.api``), checked by ``spec.weights_io.check_params``."""
     weights_io.check_params(config, params)
-    return _model_class(config)(config, params=params)
+    return _model(config, params)
 
 
 def params_of(model: Transformer | LanguageModel) -> dict[str, np.ndarray]:
@@ -35,7 +35,7 @@ def params_of(model: Transformer | LanguageModel) -> dict[str, np.ndarray]:
 def load_weights(path: str | os.PathLike, config: Config | None = None) -> Transformer | LanguageModel:
     """A model from a canonical weights file (``spec.api``, ``spec.weights_io``)."""
     config, flat = weights_io.load_weights(path, config)
-    return _model_class(config)(config, params=flat)
+    return _model(config, flat)
 
 
 def save_weights(model: Transformer | LanguageModel, path: str | os.PathLike) -> None:
@@ -52,6 +52,6 @@ def canonical(tree: Module) -> dict[str, jax.Array]:
     return dict(sorted(flat.items(), key=lambda item: order.get(item[0], len(order))))
 
 
-def _model_class(config: Config) -> type[Module]:
-    """The model a config describes: ``LanguageModel`` when decoder-only, else ``Transformer``."""
-    return LanguageModel if config.decoder_only else Transformer
+def _model(config: Config, params: dict[str, np.ndarray]) -> Transformer | LanguageModel:
+    """The model of ``config``'s kind holding checked canonical ``params``."""
+    return (LanguageModel if config.decoder_only else Transformer)(config, params=params)

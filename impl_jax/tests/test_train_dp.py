@@ -4,9 +4,8 @@ run are the data-parallel conformance's (``nox -s train_dp``), for every backend
 
 One device runs in this process through ``main``; two run as ``python -m impl_jax.train_dp``, whose ``main`` gives
 JAX's CPU backend two devices before it starts (this process's backend is fixed once started). The launches share
-a JAX compilation cache (``JAX_COMPILATION_CACHE_DIR``): compiling the tiny training step takes 3-5 s on two cores,
-a launch that finds its programs in the cache about 2 s. The cache holds the programs XLA compiled, so what they
-compute is unchanged.
+a JAX compilation cache (``JAX_COMPILATION_CACHE_DIR``), so a launch after the first loads the training step rather
+than compiling it again. The cache holds the programs XLA compiled, so what they compute is unchanged.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Layers alone, eagerly: the contract's rounding points, masks, and the positional table."""
+"""Layers alone, eagerly: the contract's rounding points, masks, the positional table, and dropout (compiled as the
+model's forward is, and eagerly)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import impl_tf
+from impl_tf.layers import dropout
 from impl_tf.numerics import linear
 from spec import reference as ref
 from spec.numerics import Numerics
@@ -96,3 +98,36 @@ def test_numerics_scope_turns_tf32_off_and_restores_it():
         assert tf.config.experimental.tensor_float_32_execution_enabled()  # restored on an exception too
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(before)
+
+
+@pytest.mark.parametrize("rate, dtype", [(0.1, tf.float32), (0.3, tf.bfloat16), (0.5, tf.float32)])
+def test_dropout_statistics(rate, dtype):
+    """The kept fraction is 1 - rate within 5 standard deviations; kept values are the fp32 quotient x / (1 - rate)
+    rounded once, compiled as the model's forward is (where a scalar divisor becomes a reciprocal product)."""
+    x = tf.cast(tf.random.stateless_normal([256, 512], seed=[3, 4]), dtype)      # (256, 512), 131072 elements
+    # The seed is an argument, as in the model's programs (a constant seed would fold mask and divisor to constants).
+    y = tf.function(lambda x, seed: dropout(x, "ffn", rate, seed), jit_compile=True)(x, tf.constant([7, 0], tf.int64))
+    y = y.numpy()
+    kept = (y != 0) | (x.numpy() == 0)
+    sigma = np.sqrt(rate * (1 - rate) / kept.size)
+    print(f"rate {rate}: kept {kept.mean():.5f}, expected {1 - rate} +- {sigma:.2g}")
+    assert abs(kept.mean() - (1 - rate)) < 5 * sigma
+    want = (x.numpy().astype(np.float32) / np.float32(1 - rate)).astype(y.dtype)
+    np.testing.assert_array_equal(y[kept], want[kept])
+
+
+def test_dropout_sites_and_seeds():
+    """Each site (its scoped name) draws its own mask; the same seed gives the same masks; rate 0 and no seed are
+    the identity; the keep mask and the result are recorded under the site."""
+    x, seed = tf.ones([64, 64]), tf.constant([1, 2], tf.int64)
+    first = dropout(x, "ffn", 0.5, seed).numpy()
+    np.testing.assert_array_equal(first, dropout(x, "ffn", 0.5, tf.constant([1, 2], tf.int64)).numpy())
+    assert not np.array_equal(first, dropout(x, "self_attn", 0.5, seed).numpy())
+    with scope("encoder.layers.1"):
+        assert not np.array_equal(first, dropout(x, "ffn", 0.5, seed).numpy())
+    assert not np.array_equal(first, dropout(x, "ffn", 0.5, tf.constant([1, 3], tf.int64)).numpy())
+    assert dropout(x, "ffn", 0.0, seed) is x and dropout(x, "ffn", 0.5, None) is x
+    with recording() as rec:
+        y = dropout(x, "ffn", 0.5, seed)
+    assert sorted(rec) == ["ffn", "ffn.keep"] and rec["ffn"] is y and rec["ffn.keep"].dtype == tf.bool
+    np.testing.assert_array_equal(rec["ffn.keep"].numpy(), first != 0)

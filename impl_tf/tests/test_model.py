@@ -65,38 +65,6 @@ def test_forward_with_rng_drops_out_and_records_the_keep_masks(config, params, t
         model(src, tgt_in, rng=11)
 
 
-def test_padding_keys_are_masked(model, tokens):
-    """A padded row gives what the row without its padding gives alone (up to fp32 summation order)."""
-    src, tgt_in = tokens(2, 2, 6), tokens(3, 2, 5, bos=True)
-    src[0, 4:], tgt_in[0, 3:] = model.config.pad_id, model.config.pad_id
-    padded = model(src, tgt_in).numpy()
-    alone = model(src[:1, :4], tgt_in[:1, :3]).numpy()
-    assert np.isfinite(padded).all()
-    np.testing.assert_allclose(padded[0, :3], alone[0], atol=0.05)
-
-
-def test_causal_mask(model, tokens):
-    src, tgt_in = tokens(4, 1, 6), tokens(5, 1, 5, bos=True)
-    a = model(src, tgt_in).numpy()
-    tgt_in[0, 3:] = 7
-    b = model(src, tgt_in).numpy()
-    np.testing.assert_array_equal(a[0, :3], b[0, :3])
-
-
-def test_kv_cache_step_by_step_equals_one_call(model, tokens):
-    src, tgt_in = tokens(6, 2, 6), tokens(7, 2, 5, bos=True)
-    full = model(src, tgt_in).numpy()
-    cache = model.init_cache(model.encode(src), src, capacity=5)
-    steps = []
-    for t in range(5):
-        logits, cache = model.decode(tgt_in[:, t:t + 1], cache)
-        steps.append(logits.numpy())
-    assert int(cache.length) == 5
-    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=0.05)
-    with pytest.raises(ValueError, match="exceed the cache capacity 5"):
-        model.decode(tgt_in[:, :1], cache)
-
-
 def test_decode_rejects_a_batch_size_other_than_the_cache(model, tokens):
     src = tokens(8, 2, 6)
     cache = model.init_cache(model.encode(src), src, capacity=4)

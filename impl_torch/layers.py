@@ -76,8 +76,9 @@ class Embedder(nn.Module):
     h -> h E^T, the logits. The PE table is a non-persistent fp32 buffer of ``max_len`` rows.
     """
 
-    def __init__(self, config: Config, device: torch.device | str | None = None):
+    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
+        self.native_bf16 = native_bf16
         self.table = nn.Parameter(torch.empty(config.vocab_size, config.d_model, dtype=DTYPES[config.param_dtype],
                                               device=device))
         self.register_buffer("pe", positional_encoding(config.max_len, config.d_model, device), persistent=False)
@@ -91,7 +92,7 @@ class Embedder(nn.Module):
 
     def decode(self, x: Tensor) -> Tensor:
         """Tied output projection x E^T (section 3.4, rule 7): (B, L, D) -> (B, L, V) float32, never rounded."""
-        return logits(x, self.table)
+        return logits(x, self.table, native_bf16=self.native_bf16)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, fused: bool = False) -> Tensor:

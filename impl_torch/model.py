@@ -113,7 +113,7 @@ class TransformerBase(nn.Module):
     def __init__(self, config: Config, device: torch.device | str | None, native_bf16: bool):
         super().__init__()
         self.config, self.native_bf16 = config, native_bf16
-        self.embedder = Embedder(config, device)
+        self.embedder = Embedder(config, device, native_bf16=native_bf16)
         self.embedding = self.embedder.table  # tied: registered here first, so named_parameters() says "embedding"
         self.register_state_dict_post_hook(_tied_once)
         self.register_load_state_dict_pre_hook(_tied_twice)

@@ -86,20 +86,26 @@ class _NativeLinear(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad
         dx = dy @ wb.T if need_x else None                                      # (rows, I) bf16, rounded once
         # dW (I, O) fp32, never bf16: cuBLAS writes its fp32 accumulator out; the CPU has no ``out_dtype``, so an fp32
-        # GEMM of the exact upcast operands (``.float()`` keeps the strides: the fp32 path's own dW, bit for bit).
+        # GEMM of the exact upcast operands, which oneDNN runs as a bf16 GEMM with an fp32 result.
         if need_w and dy.is_cuda:
             dw = torch.mm(x2.T, dy, out_dtype=torch.float32).to(ctx.w_dtype)
         else:
-            dw = (x2.T.float() @ dy.float()).to(ctx.w_dtype) if need_w else None
+            with torch.backends.mkldnn.flags(None, None, None, "bf16"):        # exact operands: an fp32 result
+                dw = (x2.T.float() @ dy.float()).to(ctx.w_dtype) if need_w else None
         db = dy.sum(0, dtype=torch.float32).to(ctx.b_dtype) if need_b else None  # (O,) fp32 sum of exact values
         return dx, dw, db
 
 
-def logits(x: Tensor, table: Tensor) -> Tensor:
+def logits(x: Tensor, table: Tensor, *, native_bf16: bool = False) -> Tensor:
     """The tied output product x E^T (section 3.4, rule 7): x (B, T, D), table (V, D) -> (B, T, V) float32, never
-    rounded; the table enters in ``x.dtype`` (rule 0). One 2-D fp32 GEMM of the exact upcast operands."""
+    rounded; the table enters in ``x.dtype`` (rule 0). One 2-D fp32 GEMM of the exact upcast operands; for a bf16
+    ``x`` on the CPU with ``native_bf16``, run by oneDNN as a bf16 GEMM with an fp32 accumulator and result:
+    PyTorch's ``mkldnn.flags`` scoped around it (restored on exit; autograd's backward runs outside, in fp32). Its
+    operands are bf16 values, so it rounds nothing."""
     table = round_to(table, x.dtype)                                            # (V, D) fp32
-    return (x.reshape(-1, x.shape[-1]).float() @ table.T).reshape(*x.shape[:-1], -1)
+    native = native_bf16 and x.dtype == torch.bfloat16 and not x.is_cuda
+    with torch.backends.mkldnn.flags(None, None, None, "bf16") if native else contextlib.nullcontext():
+        return (x.reshape(-1, x.shape[-1]).float() @ table.T).reshape(*x.shape[:-1], -1)
 
 
 def matmul_f32(a: Tensor, b: Tensor) -> Tensor:

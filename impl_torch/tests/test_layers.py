@@ -148,11 +148,27 @@ def test_numerics_scope_sets_the_flags_and_restores_them():
          torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction) = before
 
 
-def test_building_and_running_a_model_changes_no_flag(ids):
-    before = _flags()
-    model = impl_torch.Transformer(TINY)
+@pytest.mark.parametrize("native", [False, True], ids=["fp32_gemm", "native_bf16_gemm"])
+def test_building_running_and_training_a_model_changes_no_flag(native, ids):
+    mkldnn = torch.backends.mkldnn
+    before = (_flags(), mkldnn.fp32_precision, mkldnn.matmul.fp32_precision)
+    model = impl_torch.Transformer(TINY, native_bf16=native)
     impl_torch.greedy_search(model, ids(0, 1, 4), max_new_tokens=3)
-    assert _flags() == before
+    src, tgt = ids(1, 2, 5), ids(2, 2, 4, bos=True)
+    impl_torch.train_step(model, impl_torch.init_train_state(model), src, tgt, tgt)
+    assert (_flags(), mkldnn.fp32_precision, mkldnn.matmul.fp32_precision) == before
+
+
+def test_native_logits_are_the_fp32_product_of_the_bf16_operands():
+    """``logits`` with ``native_bf16`` (oneDNN's bf16 GEMM with an fp32 result): fp32, never rounded to bf16, and
+    within fp32 accumulation of the exact product of the bf16 operands, as the default fp32 GEMM is."""
+    x, table = _bf16(4, 16, 512, seed=5), torch.randn(1000, 512, generator=torch.Generator().manual_seed(6))
+    exact = x.double() @ table.bfloat16().double().T                                      # (4, 16, 1000)
+    size = x.double().abs() @ table.bfloat16().double().abs().T
+    for native in (False, True):
+        got = impl_torch.numerics.logits(x, table, native_bf16=native)
+        assert got.dtype == torch.float32 and not torch.equal(got, got.bfloat16().float())
+        assert ((got.double() - exact).abs() <= 2.0 ** -18 * size).all()
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["fp32_gemm", "native_bf16_gemm"])
@@ -179,19 +195,22 @@ def _linear_and_grads(native: bool, x, w, b, dy) -> tuple[torch.Tensor, ...]:
 
 def test_cpu_bf16_linear_training_paths_agree():
     """The two CPU training paths of ``linear``: native bf16 GEMMs (``_NativeLinear``) and fp32 GEMMs of the upcast
-    operands (autograd through ``round_to``). dW and db are the same bits, fp32 products of the exact bf16 operands
-    (not rounded to bf16) passed straight through the weight's bf16 rounding; a bf16 master gets them rounded once.
-    y and dx, each rounded once from an fp32 accumulator on both paths, differ only where the two GEMMs' fp32
-    summation orders differ by more than the result's bf16 ulp: results that cancel heavily (|x W| far below
-    |x| |W|): measured 1.2e-4 of y and 1.9e-4 of dx here, each within one rounding of an fp32 sum of the exact value."""
+    operands (autograd through ``round_to``). db is the same bits; dW is an fp32 product of the exact bf16 operands
+    on both (oneDNN's bf16 GEMM with an fp32 result on the native path: another fp32 summation order), not rounded
+    to bf16, passed straight through the weight's bf16 rounding; a bf16 master gets it rounded once. y and dx, each
+    rounded once from an fp32 accumulator on both paths, differ only where the two GEMMs' fp32 summation orders
+    differ by more than the result's bf16 ulp: results that cancel heavily (|x W| far below |x| |W|), a few in
+    10^4, each within one rounding of an fp32 sum of the exact value."""
     x, dy = _bf16(256, 512, seed=1), _bf16(256, 1024, seed=4)                             # (rows, I), (rows, O)
     w = 512 ** -0.5 * torch.randn(512, 1024, generator=torch.Generator().manual_seed(2))   # (I, O) fp32 master
     b = torch.randn(1024, generator=torch.Generator().manual_seed(3))                     # (O,) fp32 master
     fp32, native = _linear_and_grads(False, x, w, b, dy), _linear_and_grads(True, x, w, b, dy)
     y, dx, dw, db = native
     assert y.dtype == dx.dtype == torch.bfloat16 and dw.dtype == db.dtype == torch.float32
-    assert torch.equal(dw, fp32[2]) and torch.equal(db, fp32[3])
-    assert torch.equal(dw, x.float().T @ dy.float()) and torch.equal(db, dy.float().sum(0))
+    assert torch.equal(db, fp32[3]) and torch.equal(db, dy.float().sum(0))
+    exact_dw, size_dw = x.double().T @ dy.double(), x.double().abs().T @ dy.double().abs()
+    for v in (dw, fp32[2]):                                                                # fp32 accumulation
+        assert ((v.double() - exact_dw).abs() <= 2.0 ** -18 * size_dw).all()
     assert not torch.equal(dw, dw.bfloat16().float())                                    # fp32, not bf16 values
     w16, b16 = w.bfloat16(), b.bfloat16()
     for master in (w16.float(), w16):  # straight-through: the bf16 weight's gradient, in the master's dtype

@@ -1,5 +1,6 @@
 """Training (spec.training, sections 5.3 and 5.4): gradients against spec.backward's float64 VJPs, Adam against
-spec.training.adam_update, learning, the train-state file (dropout: test_dropout.py), bad input, and no global state touched."""
+spec.training.adam_update, learning, the train-state file, bad input, and no global state touched (dropout:
+test_dropout.py)."""
 
 from __future__ import annotations
 

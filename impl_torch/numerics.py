@@ -4,8 +4,10 @@ Every parameter product takes its operands in the activation dtype, accumulates 
 activation dtype once, after its bias (contract rule 2). Which GEMM does it is a pure function of the inputs and
 one explicit option, ``native_bf16`` (``Transformer(..., native_bf16=False)``): on the CPU, bf16 products run as
 fp32 GEMMs of the upcast operands (the default: exact operands, one rounding, on every CPU) or, with the option,
-as native bf16 GEMMs (oneDNN accumulates in fp32 and adds the bias before its one rounding). Both meet the
-contract; they may differ in the fp32 summation order. ``docs/decisions-torch.md`` has the measurements.
+as native bf16 GEMMs (oneDNN accumulates in fp32 and adds the bias before its one rounding); with the option, the
+products of bf16 operands whose result stays fp32 (the logits, a weight's gradient) run as oneDNN bf16 GEMMs with
+an fp32 result. Both meet the contract; they may differ in the fp32 summation order. ``docs/decisions-torch.md``
+has the measurements.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from bench import lm_report  # noqa: E402
+from bench import lm_report, translate_report  # noqa: E402
 
 FRAMEWORKS = ("torch", "jax", "tf")
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm")
@@ -102,6 +102,8 @@ def report(runs: list[dict[str, Any]], charts: list[str]) -> str:
               "together. FLOPs are 3x the forward's (`spec.flops.train_step_flops`).", ""]
     if lm_report.has_lm(runs):
         parts += ["## The decoder-only model beside each framework's stock GPT-2", "", lm_report.section(runs)]
+    if translate_report.has_translate(runs):
+        parts += ["## Translation beside Hugging Face's Marian and CTranslate2", "", translate_report.section(runs)]
     parts += [f"![{c}]({c})" for c in charts]
     return "\n".join(parts) + "\n"
 

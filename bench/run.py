@@ -15,6 +15,9 @@ merges the files. Workloads (``--workloads``, default all):
 - ``scaling``: forward at S = T in ``--lengths``, ours and the peer, the first dtype; the fitted exponent.
 - ``lm``: the decoder-only ``LanguageModel`` beside the framework's stock GPT-2 at ``--lm-size``: prefill, decode
   steps and greedy generation at each ``--lm-batches`` B (``bench.lm_run``).
+- ``translate``: sentences of 10-40 tokens translated greedily and with beam 4 at each ``--translate-batches`` B,
+  ours and (torch) Hugging Face's Marian and CTranslate2 on the same weights, each system in its own process with
+  its peak memory (``bench.translate_run``).
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ import spec
 from bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
 from bench.lm_common import LM_SIZES
 from bench.lm_run import run_lm
+from bench.translate_run import run_translate
 from spec.flops import forward_flops, train_step_flops
 
-WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm")
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate")
 console = Console(stderr=True)
 
 
@@ -193,6 +197,9 @@ class Runner:
     def lm(self) -> None:
         run_lm(self)
 
+    def translate(self) -> None:
+        run_translate(self)
+
 
 def _machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
@@ -235,6 +242,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-short", type=int, default=32, help="the short context of the decode-step comparison")
     p.add_argument("--lm-steps", type=int, default=8, help="decode steps timed at each context")
     p.add_argument("--lm-new-tokens", type=int, default=32, help="new tokens of the lm generation")
+    p.add_argument("--translate-batches", type=_ints, default=[1, 32], help="B of the translate workload")
+    p.add_argument("--translate-rounds", type=int, default=2, help="processes per system of the translate workload")
+    p.add_argument("--threads", type=int, default=os.cpu_count(),
+                   help="intra-op threads of torch and CTranslate2 in the translate workload's processes")
     return p
 
 

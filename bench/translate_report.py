@@ -1,0 +1,116 @@
+"""The translation workload's report: per decoding mode and batch, every system's tokens/s and peak memory, and
+the targets with verdicts; ``bench.report`` appends it to a full run's report, and this writes it alone for a
+``--workloads translate`` run:
+
+    python -m bench.translate_report reports/bench/bench-*.json --out bench/results
+
+Targets: ours at least as fast as Hugging Face's Marian in the same dtype, in every backend; ours in the fastest
+backend at least half as fast as CTranslate2 at its fastest compute type; ours at most the peer's peak memory.
+Ratios pair the figures of one round (``bench.lm_common.ratio_stats``); the peers run in torch's environment, so
+a jax or tf ratio pairs rounds of two runs. A verdict is "undecided" where the rounds' spread covers the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.lm_common import ratio_stats, verdict
+
+FRAMEWORKS = ("torch", "jax", "tf")
+MODES = ("translate_greedy", "translate_beam")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    runs = [json.loads(f.read_text()) for f in args.files]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "translate.json").write_text(json.dumps(runs, indent=1))
+    text = "# Speed: translation beside Hugging Face's Marian and CTranslate2\n\n" + section(runs)
+    (args.out / "translate.md").write_text(text)
+    print(text)
+
+
+def has_translate(runs: list[dict[str, Any]]) -> bool:
+    return bool(_records(runs))
+
+
+def _records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for run in runs for r in run["records"] if r["workload"] in MODES]
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['subject']} ({r['framework']})" if r["system"] == "ours" else r["subject"]
+
+
+def section(runs: list[dict[str, Any]]) -> str:
+    """The tables, then the targets."""
+    recs = _records(runs)
+    machine = next(run["environment"]["machine"] for run in runs)
+    options = next(run["options"] for run in runs)
+    lines = [f"{machine['cpu']}, {machine['cores']} cores, {machine['date']}; `--config {options['config']}`, "
+             f"{options.get('threads')} threads for torch and CTranslate2. Each system ran in a process of its own; "
+             "peak memory is that process's (framework included).", ""]
+    for mode in MODES:
+        for B in sorted({r["dims"]["B"] for r in recs if r["workload"] == mode}):
+            lines += _table([r for r in recs if r["workload"] == mode and r["dims"]["B"] == B], mode, B)
+    return "\n".join(lines + ["### Targets", "", *targets(recs), ""])
+
+
+def _table(recs: list[dict[str, Any]], mode: str, B: int) -> list[str]:
+    d = recs[0]["dims"]
+    head = (f"#### {mode.removeprefix('translate_')}, B={B} ({d['sentences']} sentences of 10-40 tokens, "
+            f"{d['new_tokens']} new tokens each, beam {d['beam_size']})")
+    rows = [head, "", "| system | dtype | tokens/s | ms per pass | peak MB | framework MB | translations = ours |",
+            "|---|---|---|---|---|---|---|"]
+    for r in sorted(recs, key=lambda r: -r["metrics"]["tokens_per_s"]):
+        m = r["metrics"]
+        same = {True: "yes", False: "no", None: "-"}[r.get("same_translations_as_ours")]
+        rows.append(f"| {_label(r)} | {r['dtype']} | {m['tokens_per_s']:.0f} | {r['timing']['median_s'] * 1e3:.0f} "
+                    f"| {m['peak_rss_mb']:.0f} | {m['framework_rss_mb']:.0f} | {same} |")
+    return rows + [""]
+
+
+def targets(recs: list[dict[str, Any]]) -> list[str]:
+    """One line per (mode, B, backend, dtype): ours / Marian in speed and peak memory; then ours in the fastest
+    backend against CTranslate2's fastest compute type."""
+    lines = []
+    for mode in MODES:
+        for B in sorted({r["dims"]["B"] for r in recs if r["workload"] == mode}):
+            mine = [r for r in recs if r["workload"] == mode and r["dims"]["B"] == B]
+            ours = [r for r in mine if r["system"] == "ours"]
+            for r in ours:
+                hf = next((p for p in mine if p["system"] == "transformers" and p["dtype"] == r["dtype"]), None)
+                if hf:
+                    lines.append(f"- {mode} B={B}, {_label(r)} {r['dtype']}: " + _speed(r, hf, 1.0, "Marian")
+                                 + f"; peak memory {r['metrics']['peak_rss_mb'] / hf['metrics']['peak_rss_mb']:.2f}"
+                                 + f"x Marian's ({_met(r['metrics']['peak_rss_mb'] <= hf['metrics']['peak_rss_mb'])})")
+            ct2 = [p for p in mine if p["system"] == "ctranslate2"]
+            if ours and ct2:
+                best, fastest = (max(x, key=lambda r: r["metrics"]["tokens_per_s"]) for x in (ours, ct2))
+                lines.append(f"- {mode} B={B}, the fastest of ours, {_label(best)} {best['dtype']}: "
+                             + _speed(best, fastest, 0.5, f"CTranslate2 {fastest['dtype']}"))
+    return lines
+
+
+def _speed(ours: dict[str, Any], peer: dict[str, Any], target: float, name: str) -> str:
+    """"1.23x <name>'s tokens/s (rounds 1.1-1.3; target >= t: met)", speed as the inverse time ratio per round."""
+    s = ratio_stats(peer["times_s"], ours["times_s"]) if len(peer["times_s"]) == len(ours["times_s"]) else None
+    if s is None:
+        r = ours["metrics"]["tokens_per_s"] / peer["metrics"]["tokens_per_s"]
+        return f"{r:.2f}x {name}'s tokens/s (target >= {target}: {_met(r >= target)}, one figure each)"
+    return (f"{s['median']:.2f}x {name}'s tokens/s (rounds {s['min']:.2f}-{s['max']:.2f}; target >= {target}: "
+            f"{verdict(s['rounds'], target, at_least=True)})")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+if __name__ == "__main__":
+    main()

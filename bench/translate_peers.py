@@ -4,11 +4,12 @@ canonical weights of ``bench.translate_common`` so that they compute the same fu
 - ``Marian``: ``transformers.MarianMTModel`` from ``spec.convert.marian`` (zero attention and logits biases, the
   paper's positional table, ReLU, the decoder starting at BOS), in evaluation mode, its weights in ``dtype``
   (``.to``), its own ``generate``: greedy, and beam search with its length penalty (score / length^alpha, not
-  Wu et al.'s), ``early_stopping=True``.
+  Wu et al.'s), ``early_stopping=True``; pad and BOS suppressed, as ``spec.search`` never generates them.
 - ``CTranslate2``: ``ctranslate2.Translator`` over a model its own converter framework wrote
   (``ctranslate2.converters.Converter`` with the spec's layers: post-LN, ReLU, no biases on the attention, the
   paper's positional table), at a ``compute_type`` of its CPU build ("float32", "int8", ...); tokens are passed
-  as strings of a vocabulary with the spec's ids.
+  as strings of a vocabulary with the spec's ids; pad and BOS suppressed (``suppress_sequences``). Its beam
+  search is its own: a hypothesis that ends keeps its beam, so its beam translations may differ from ours.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Marian:
         model = MarianMTModel(MarianConfig(**marian.hf_config(config)))
         model.load_state_dict(state, strict=True)
         self.model = model.to({"bfloat16": torch.bfloat16, "float32": torch.float32}[config.dtype]).eval()
-        self.pad = config.pad_id
+        self.pad, self.special = config.pad_id, [config.pad_id, config.bos_id]
 
     def search(self, src: np.ndarray, max_new_tokens: int, beam_size: int, alpha: float) -> np.ndarray:
         """src (B, S) -> tokens (B, L): the start token left out."""
@@ -42,7 +43,7 @@ class Marian:
         beam = {"length_penalty": alpha, "early_stopping": True} if beam_size > 1 else {}
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids, attention_mask=ids != self.pad, max_new_tokens=max_new_tokens,
-                                      num_beams=beam_size, do_sample=False, **beam)
+                                      num_beams=beam_size, do_sample=False, suppress_tokens=self.special, **beam)
         return out[:, 1:].numpy()
 
 
@@ -59,12 +60,13 @@ class CTranslate2:
         self.translator = ctranslate2.Translator(self._dir.name, device="cpu", compute_type=compute_type,
                                                  intra_threads=threads, inter_threads=1)
         self.ids = {token: i for i, token in enumerate(self.vocab)}
+        self.special = [[self.vocab[config.pad_id]], [self.vocab[config.bos_id]]]
 
     def search(self, src: np.ndarray, max_new_tokens: int, beam_size: int, alpha: float) -> np.ndarray:
         """src (B, S) -> tokens (B, L), right-padded."""
         rows = [[self.vocab[t] for t in row if t != self.config.pad_id] for row in src.tolist()]
         results = self.translator.translate_batch(rows, beam_size=beam_size, length_penalty=alpha,
-                                                  max_decoding_length=max_new_tokens)
+                                                  max_decoding_length=max_new_tokens, suppress_sequences=self.special)
         hyps = [[self.ids[t] for t in r.hypotheses[0]] for r in results]
         out = np.full((len(hyps), max(map(len, hyps))), self.config.pad_id, np.int64)
         for i, h in enumerate(hyps):

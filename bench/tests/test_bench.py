@@ -22,7 +22,8 @@ from spec.config import TINY
 def bench_run(framework, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     fw = framework
-    workloads = ",".join(w for w in run.WORKLOADS if w != "lm")  # the decoder-only workload: test_lm_bench.py
+    # the decoder-only and translation workloads: test_lm_bench.py, test_translate.py
+    workloads = ",".join(w for w in run.WORKLOADS if w not in ("lm", "translate"))
     run.main(["--framework", fw, "--out", str(out), "--workloads", workloads, "--config", "tiny", "--repeats", "1",
               "--batch", "2", "--src-len", "5", "--tgt-len", "6", "--new-tokens", "3,9", "--lengths", "4,8",
               "--matmul", "8,8,8"])

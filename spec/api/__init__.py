@@ -33,7 +33,7 @@ The contract in three files: ``protocols`` (the model types and the KV cache), `
 functions, as reference signatures) and ``check`` (``check_api``: how an impl module departs from them).
 """
 
-from spec.api.check import FUNCTIONS, METHODS, NAMES, check_api
+from spec.api.check import FUNCTIONS, METHODS, NAMES, check_api, compare_signature
 from spec.api.functions import (
     LanguageModel,
     Transformer,
@@ -58,4 +58,4 @@ __all__ = [
     "KV_CACHE_FIELDS", "KVCache", "Model", "DecoderOnlyModel", "Transformer", "LanguageModel", "load_weights",
     "save_weights", "from_params", "params_of", "greedy_search", "beam_search", "generate", "init_train_state",
     "loss_and_gradients", "train_step", "lm_loss_and_gradients", "lm_train_step", "save_train_state",
-    "load_train_state", "FUNCTIONS", "METHODS", "NAMES", "check_api"]
+    "load_train_state", "FUNCTIONS", "METHODS", "NAMES", "check_api", "compare_signature"]

@@ -1,4 +1,5 @@
-"""``check_api``: every departure of an impl module from the contract of ``spec.api``."""
+"""``check_api``: every departure of an impl module from the contract of ``spec.api``; ``compare_signature``: one
+function's (a peer's, a tool's), against a reference signature of ``spec.api``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ METHODS: dict[str, dict[str, Callable]] = {
 NAMES = (*FUNCTIONS, "KVCache", "TrainState", "__version__")
 
 
-def _compare(where: str, impl: Callable, ref: Callable, skip_self: bool) -> list[str]:
+def compare_signature(where: str, impl: Callable, ref: Callable, skip_self: bool) -> list[str]:
     """How ``impl``'s signature departs from ``ref``'s: the common parameters first, in order, with the same
     names, kinds and defaults; extras keyword-only with defaults."""
     skip = 1 if skip_self else 0
@@ -43,13 +44,13 @@ def check_api(module: ModuleType) -> list[str]:
     if problems:
         return problems
     for n, ref in FUNCTIONS.items():
-        problems += _compare(f"{name}.{n}", getattr(module, n), ref, skip_self=False)
+        problems += compare_signature(f"{name}.{n}", getattr(module, n), ref, skip_self=False)
     for cls_name, methods in METHODS.items():
         cls = getattr(module, cls_name)
         for n, ref in methods.items():
             # torch: nn.Module.__call__ is (*args, **kwargs) and runs ``forward``, whose signature is the real one.
             impl = cls.forward if n == "__call__" and "forward" in vars(cls) else getattr(cls, n)
-            problems += _compare(f"{name}.{cls_name}.{n}", impl, ref, skip_self=True)
+            problems += compare_signature(f"{name}.{cls_name}.{n}", impl, ref, skip_self=True)
     fields = getattr(module.KVCache, "_fields", None) or tuple(getattr(module.KVCache, "__dataclass_fields__", ()))
     if tuple(fields) != KV_CACHE_FIELDS:
         problems.append(f"{name}.KVCache fields are {tuple(fields)}, the spec says {KV_CACHE_FIELDS}")

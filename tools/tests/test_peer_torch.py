@@ -386,8 +386,8 @@ def test_signatures_follow_spec_api():
     problems = []
     for name in ("Transformer", "load_weights", "save_weights", "from_params", "params_of", "greedy_search",
                  "beam_search", "init_train_state", "train_step", "save_train_state", "load_train_state"):
-        problems += api._compare(f"peer.{name}", getattr(P, name), api.FUNCTIONS[name], skip_self=False)
-    problems += api._compare("peer.Transformer.__call__", P.Transformer.forward,
+        problems += api.compare_signature(f"peer.{name}", getattr(P, name), api.FUNCTIONS[name], skip_self=False)
+    problems += api.compare_signature("peer.Transformer.__call__", P.Transformer.forward,
                              api.METHODS["Transformer"]["__call__"], skip_self=True)
     # The stock modules record no intermediates and drop out by their mode and the global RNG (the peer's train_step
     # scopes both): the forward takes neither argument.

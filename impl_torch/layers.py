@@ -90,9 +90,16 @@ class Embedder(nn.Module):
         x = round_to(F.embedding(ids, self.table), self.dtype) * math.sqrt(self.table.shape[-1])  # (B, L, D) fp32
         return (x + self.pe[start:start + ids.shape[1]]).to(self.dtype)
 
-    def decode(self, x: Tensor) -> Tensor:
-        """Tied output projection x E^T (section 3.4, rule 7): (B, L, D) -> (B, L, V) float32, never rounded."""
-        return logits(x, self.table, native_bf16=self.native_bf16)
+    def decode(self, x: Tensor, table: Tensor | None = None) -> Tensor:
+        """Tied output projection x E^T (section 3.4, rule 7): (B, L, D) -> (B, L, V) float32, never rounded.
+        ``table``: ``rounded_table()``, given by a loop that decodes many steps, which computes it once."""
+        table = self.rounded_table() if table is None else table
+        return logits(x, table, native_bf16=self.native_bf16)
+
+    def rounded_table(self) -> Tensor:
+        """The table as it enters the output product (rule 0): (V, D) fp32 holding ``config.dtype`` values; a copy
+        of V x D fp32 (the table itself for fp32 compute on fp32 weights)."""
+        return round_to(self.table, self.dtype)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, fused: bool = False) -> Tensor:

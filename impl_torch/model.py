@@ -259,16 +259,17 @@ def _empty_cache(model: TransformerBase, batch: int, capacity: int, dtype: torch
 
 
 def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None, *,
-            at: int | None = None) -> Tensor:
+            at: int | None = None, table: Tensor | None = None) -> Tensor:
     """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32, or (B, 1, V) of new position ``at``
     alone (a prefill that needs its last: the output projection of the others is most of its cost at a large V);
-    ``cache`` written in place."""
+    ``cache`` written in place. ``table``: ``model.embedder.rounded_table()``, which a search computes once rather
+    than at every step (converting a base model's table costs more than its decode step's products)."""
     start, n = cache.length, tokens.shape[1]
     cache.key_mask[:, start:start + n] = key_padding_mask(tokens, model.config.pad_id)
     y = dropout(model.embedder.encode(tokens, start), "tgt_embed", model.config.dropout, rng)
     y, cache = model.decoder(y, cache, rng)
     y = y if at is None else y[:, at:at + 1]
-    return record("logits", model.embedder.decode(record("decoder.out", y)))
+    return record("logits", model.embedder.decode(record("decoder.out", y), table))
 
 
 def _host_ids(ids: Ids, name: str = "src") -> np.ndarray:

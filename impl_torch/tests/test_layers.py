@@ -162,9 +162,9 @@ def test_building_running_and_training_a_model_changes_no_flag(native, ids):
 def test_native_logits_are_the_fp32_product_of_the_bf16_operands():
     """``logits`` with ``native_bf16`` (oneDNN's bf16 GEMM with an fp32 result): fp32, never rounded to bf16, and
     within fp32 accumulation of the exact product of the bf16 operands, as the default fp32 GEMM is."""
-    x, table = _bf16(4, 16, 512, seed=5), torch.randn(1000, 512, generator=torch.Generator().manual_seed(6))
-    exact = x.double() @ table.bfloat16().double().T                                      # (4, 16, 1000)
-    size = x.double().abs() @ table.bfloat16().double().abs().T
+    x, table = _bf16(4, 16, 512, seed=5), _bf16(1000, 512, seed=6).float()               # the table as it enters
+    exact = x.double() @ table.double().T                                                 # (4, 16, 1000)
+    size = x.double().abs() @ table.double().abs().T
     for native in (False, True):
         got = impl_torch.numerics.logits(x, table, native_bf16=native)
         assert got.dtype == torch.float32 and not torch.equal(got, got.bfloat16().float())

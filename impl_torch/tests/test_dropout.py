@@ -10,14 +10,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import impl_torch as T
 import spec
-from spec import training
+from spec import demo, training
 from spec.recording import recording
 
-SRC = np.array([[5, 9, 17, 2, 0, 0], [7, 8, 9, 10, 11, 2]])           # (B, S), row 0 padded
-TGT_IN = np.array([[1, 4, 5, 6, 0], [1, 7, 8, 9, 10]])                # (B, T)
-TGT_OUT = np.array([[4, 5, 6, 2, 0], [7, 8, 9, 10, 2]])               # (B, T), one padding target
 FP32 = spec.preset("tiny", dtype="float32", param_dtype="float32")
 MIXED = spec.preset("tiny", dtype="bfloat16", param_dtype="float32")
+# Three reverse-task rows of 3 to 6 tokens (``spec.demo``): src (B, S), tgt_in and tgt_out (B, T), padded rows.
+SRC, TGT_IN, TGT_OUT = demo.reverse_batch(np.random.default_rng(0), FP32, 3, min_len=3, max_len=6)
 WARMUP10 = training.TrainConfig(warmup_steps=10)                       # large, visible steps
 
 

@@ -53,9 +53,12 @@ def section(runs: list[dict[str, Any]]) -> str:
     recs = _records(runs)
     machine = next(run["environment"]["machine"] for run in runs)
     options = next(run["options"] for run in runs)
+    torch_env = next((run["environment"] for run in runs if run["environment"]["framework"] == "torch"), {})
+    native = f", impl_torch `native_bf16={torch_env['native_bf16']}`" if "native_bf16" in torch_env else ""
     lines = [f"{machine['cpu']}, {machine['cores']} cores, {machine['date']}; `--config {options['config']}`, "
-             f"{options.get('threads')} threads for torch and CTranslate2. Each system ran in a process of its own; "
-             "peak memory is that process's (framework included).", ""]
+             f"{options.get('threads')} threads for torch and CTranslate2{native}. Each system ran in a process of "
+             "its own; peak memory is that process's (framework included). A row's translations are compared with "
+             "ours of its framework's run in the same dtype (float32 for CTranslate2's).", ""]
     for mode in MODES:
         for B in sorted({r["dims"]["B"] for r in recs if r["workload"] == mode}):
             lines += _table([r for r in recs if r["workload"] == mode and r["dims"]["B"] == B], mode, B)
@@ -70,7 +73,8 @@ def _table(recs: list[dict[str, Any]], mode: str, B: int) -> list[str]:
             "|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=lambda r: -r["metrics"]["tokens_per_s"]):
         m = r["metrics"]
-        same = {True: "yes", False: "no", None: "-"}[r.get("same_translations_as_ours")]
+        same = "(ours)" if r["system"] == "ours" else {True: "yes", False: "no", None: "-"}[
+            r.get("same_translations_as_ours")]
         rows.append(f"| {_label(r)} | {r['dtype']} | {m['tokens_per_s']:.0f} | {r['timing']['median_s'] * 1e3:.0f} "
                     f"| {m['peak_rss_mb']:.0f} | {m['framework_rss_mb']:.0f} | {same} |")
     return rows + [""]

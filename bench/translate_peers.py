@@ -19,6 +19,7 @@ import tempfile
 import numpy as np
 import torch
 
+from bench.translate_common import batches
 from spec.config import Config
 from spec.convert import marian
 from spec.reference.layers import positional_encoding
@@ -68,10 +69,7 @@ class CTranslate2:
         results = self.translator.translate_batch(rows, beam_size=beam_size, length_penalty=alpha,
                                                   max_decoding_length=max_new_tokens, suppress_sequences=self.special)
         hyps = [[self.ids[t] for t in r.hypotheses[0]] for r in results]
-        out = np.full((len(hyps), max(map(len, hyps))), self.config.pad_id, np.int64)
-        for i, h in enumerate(hyps):
-            out[i, :len(h)] = h
-        return out
+        return batches(self.config, hyps, len(hyps))[0]
 
 
 def _vocabulary(config: Config) -> list[str]:

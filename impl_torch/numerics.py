@@ -101,10 +101,9 @@ class _NativeLinear(torch.autograd.Function):
 def logits(x: Tensor, table: Tensor, *, native_bf16: bool = False) -> Tensor:
     """The tied output product x E^T (section 3.4, rule 7): x (B, T, D), table (V, D) fp32 holding ``x.dtype``
     values (rule 0: ``round_to``) -> (B, T, V) float32, never rounded. One 2-D fp32 GEMM of the exact upcast
-    operands; for a bf16
-    ``x`` on the CPU with ``native_bf16``, run by oneDNN as a bf16 GEMM with an fp32 accumulator and result:
-    PyTorch's ``mkldnn.flags`` scoped around it (restored on exit; autograd's backward runs outside, in fp32). Its
-    operands are bf16 values, so it rounds nothing."""
+    operands; for a bf16 ``x`` on the CPU with ``native_bf16``, run by oneDNN as a bf16 GEMM with an fp32
+    accumulator and result: PyTorch's ``mkldnn.flags`` scoped around it (restored on exit; autograd's backward runs
+    outside, in fp32). Its operands are bf16 values, so it rounds nothing."""
     native = native_bf16 and x.dtype == torch.bfloat16 and not x.is_cuda
     with torch.backends.mkldnn.flags(None, None, None, "bf16") if native else contextlib.nullcontext():
         return (x.reshape(-1, x.shape[-1]).float() @ table.T).reshape(*x.shape[:-1], -1)

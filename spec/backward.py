@@ -256,8 +256,8 @@ def loss_and_gradients(params: dict[str, np.ndarray], src: np.ndarray, tgt_in: n
     holding fp32 values).
 
     Raises:
-        ValueError: from ``spec.validate.check_forward``, if tgt_out's shape differs from tgt_in's, or if ``nx`` is
-            a faithful mode other than ``c.dtype`` (a bf16 backward of an fp32 forward models nothing).
+        ValueError: from ``spec.validate.check_forward`` and ``check_paper_options``, if tgt_out's shape differs from
+            tgt_in's, or if ``nx`` is a faithful mode but ``c.dtype`` (a bf16 backward of fp32 models nothing).
     """
     return gradients_at(ref.as_float64(params, c), src, tgt_in, tgt_out, c, label_smoothing, nx)
 
@@ -270,6 +270,7 @@ def gradients_at(P: Params, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.nda
     values, and ``as_float64`` would round them to ``c.dtype``. Same arguments, result and errors otherwise; with
     a decoder-only config ``src`` is None and tgt_in is the model's input tokens.
     """
+    validate.check_paper_options(c, "spec.backward")
     src, tgt_in, tgt_out = None if c.decoder_only else np.asarray(src), np.asarray(tgt_in), np.asarray(tgt_out)
     validate.check_tokens("tokens", tgt_in, c) if src is None else validate.check_forward(src, tgt_in, c)
     validate.check_tokens("tgt_out", tgt_out, c)

@@ -14,6 +14,12 @@ import json
 from typing import Any
 
 DTYPES = ("bfloat16", "float32")
+# The FFN's nonlinearity: the paper's ReLU (equation 2); GELU (Hendrycks & Gimpel, 2016) exact (erf) or with its
+# tanh approximation (GPT-2's "gelu_new"); SiLU, x sigmoid(x) (Marian's "swish").
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+# Where positions come from: the paper's sinusoidal table with sin and cos interleaved (section 3.5), the same
+# frequencies with every sin first and every cos after (Marian's layout), or a learned (max_len, D) table (GPT-2).
+POSITIONS = ("sinusoidal", "sinusoidal_halves", "learned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +34,11 @@ class Config:
     pre-LN variant ``x + Sublayer(LayerNorm(x))`` with a final LayerNorm on each
     stack. ``dtype`` is the dtype of activations between sublayers and
     ``param_dtype`` the dtype parameters are stored in; see ``spec.numerics``.
+
+    The options published checkpoints need (``spec.convert``), each the paper's choice by default: ``activation``
+    (``ACTIVATIONS``), ``attention_bias`` (biases on the four attention projections), ``logits_bias`` (a bias on
+    the logits), ``positions`` (``POSITIONS``) and ``scale_embedding`` (the embedding times sqrt(d_model),
+    section 3.4).
 
     Raises:
         ValueError: naming the field and the rule broken, from ``__post_init__``.
@@ -48,6 +59,11 @@ class Config:
     bos_id: int = 1
     eos_id: int = 2
     norm_first: bool = False
+    activation: str = "relu"
+    attention_bias: bool = False
+    logits_bias: bool = False
+    positions: str = "sinusoidal"
+    scale_embedding: bool = True
     dtype: str = "bfloat16"
     param_dtype: str = "bfloat16"
 
@@ -69,7 +85,10 @@ class Config:
                      f"must be an int in [0, vocab_size={self.vocab_size})")
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
         _require("pad_id", len(set(ids.values())) == 3, f"pad_id, bos_id and eos_id must differ, got {ids}")
-        _require("norm_first", isinstance(self.norm_first, bool), "must be a bool")
+        for name in ("norm_first", "attention_bias", "logits_bias", "scale_embedding"):
+            _require(name, isinstance(getattr(self, name), bool), "must be a bool")
+        _require("activation", self.activation in ACTIVATIONS, f"must be one of {ACTIVATIONS}, got {self.activation!r}")
+        _require("positions", self.positions in POSITIONS, f"must be one of {POSITIONS}, got {self.positions!r}")
         for name in ("dtype", "param_dtype"):
             _require(name, getattr(self, name) in DTYPES, f"must be one of {DTYPES}, got {getattr(self, name)!r}")
 

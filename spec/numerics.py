@@ -16,11 +16,16 @@ In ``dtype="bfloat16"`` mode:
 1. Parameters and the activations between sublayers are bf16.
 2. Every matrix product takes bf16 operands, accumulates in fp32 and is rounded
    to bf16 once, after its bias (if any) is added. Exceptions: attention scores
-   (rule 4) and logits (rule 7).
+   (rule 4) and logits (rule 7). The FFN's activation (``config.activation``)
+   takes the rounded hidden units, is computed in fp32 and rounded to bf16
+   once (ReLU is exact).
 3. Embedding: ``E[ids] * sqrt(d_model) + PE`` is computed in fp32 and rounded
    to bf16 once. PE is the paper's interleaved table (section 3.5):
    ``PE[pos, 2i] = sin(pos / 10000^(2i/d_model))``, ``PE[pos, 2i+1] = cos(...)``,
-   positions from 0, held in fp32.
+   positions from 0, held in fp32. ``config.positions="sinusoidal_halves"``
+   puts the D/2 sines first and the D/2 cosines after;
+   ``"learned"`` takes the rows of the ``position_embedding`` parameter
+   instead. Without ``config.scale_embedding`` the factor sqrt(d_model) is 1.
 4. Attention: scores ``Q K^T`` stay fp32 (never rounded to bf16), are scaled by
    ``1/sqrt(d_k)`` in fp32, masked, and go through a max-subtracted softmax in
    fp32; the probabilities are rounded to bf16 before ``P V``. Masks are
@@ -30,8 +35,9 @@ In ``dtype="bfloat16"`` mode:
    Outputs at padding query positions are unspecified but finite.
 5. Residual add of two bf16 values is rounded to bf16.
 6. LayerNorm: statistics and normalisation in fp32, result rounded to bf16.
-7. Logits: final hidden (bf16) times ``E^T`` with fp32 accumulation, returned
-   as float32 and never rounded to bf16.
+7. Logits: final hidden (bf16) times ``E^T`` with fp32 accumulation, plus
+   the ``logits_bias`` parameter if ``config.logits_bias``, returned as
+   float32 and never rounded to bf16.
 8. Dropout is the identity in evaluation. fp32 checks on GPUs run with TF32
    off.
 

@@ -7,6 +7,10 @@ projections carry no bias, as in the paper's equations (section 3.2.2):
 a head's slice ``W_q[:, h, :]`` is the paper's ``W_i^Q`` (d_model x d_k).
 The position-wise FFN has ``w_1`` (D, F), ``b_1`` (F), ``w_2`` (F, D), ``b_2`` (D)
 (equation 2). Every LayerNorm has ``scale`` and ``bias`` (D).
+
+Options of ``spec.config.Config`` add parameters: ``attention_bias`` the projections' biases ``b_q``, ``b_k``
+(H, K), ``b_v`` (H, C) and ``b_o`` (D), each after its weight; ``positions="learned"`` the table
+``position_embedding`` (max_len, D) after ``embedding``; ``logits_bias`` the bias ``logits_bias`` (V), last.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ class ParamSpec:
 def _attention(prefix: str, c: Config) -> list[ParamSpec]:
     D, H, K, C = c.d_model, c.n_heads, c.d_k, c.d_v
     dt = c.param_dtype
-    return [
-        ParamSpec(f"{prefix}.w_q", (D, H, K), dt, "linear", D, H * K),
-        ParamSpec(f"{prefix}.w_k", (D, H, K), dt, "linear", D, H * K),
-        ParamSpec(f"{prefix}.w_v", (D, H, C), dt, "linear", D, H * C),
-        ParamSpec(f"{prefix}.w_o", (H, C, D), dt, "linear", H * C, D),
-    ]
+    specs = []
+    for name, shape, bias, fans in (("q", (D, H, K), (H, K), (D, H * K)), ("k", (D, H, K), (H, K), (D, H * K)),
+                                    ("v", (D, H, C), (H, C), (D, H * C)), ("o", (H, C, D), (D,), (H * C, D))):
+        specs.append(ParamSpec(f"{prefix}.w_{name}", shape, dt, "linear", *fans))
+        if c.attention_bias:
+            specs.append(ParamSpec(f"{prefix}.b_{name}", bias, dt, "bias"))
+    return specs
 
 
 def _norm(prefix: str, c: Config) -> list[ParamSpec]:
@@ -57,6 +62,8 @@ def param_specs(c: Config) -> list[ParamSpec]:
     has no encoder and no cross-attention: the embedding, the decoder's self-attention and FFN sublayers with their
     norms, and (pre-LN) ``decoder.final_norm``."""
     specs = [ParamSpec("embedding", (c.vocab_size, c.d_model), c.param_dtype, "embedding")]
+    if c.positions == "learned":
+        specs.append(ParamSpec("position_embedding", (c.max_len, c.d_model), c.param_dtype, "embedding"))
     for i in range(c.n_encoder_layers):
         p = f"encoder.layers.{i}"
         specs += _attention(f"{p}.self_attn", c) + _norm(f"{p}.self_attn_norm", c)
@@ -71,6 +78,8 @@ def param_specs(c: Config) -> list[ParamSpec]:
         specs += _ffn(f"{p}.ffn", c) + _norm(f"{p}.ffn_norm", c)
     if c.norm_first:
         specs += _norm("decoder.final_norm", c)
+    if c.logits_bias:
+        specs.append(ParamSpec("logits_bias", (c.vocab_size,), c.param_dtype, "bias"))
     return specs
 
 

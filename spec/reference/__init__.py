@@ -64,7 +64,7 @@ def run_layer(layer: str, params: Params, prefix: str, inputs: dict[str, np.ndar
     """
     i = inputs
     if layer == "positional_encoding":
-        return {"pe": nx.acc(layers.positional_encoding(c.max_len, c.d_model))}
+        return {"pe": nx.acc(layers.positional_encoding(c.max_len, c.d_model, c.positions == "sinusoidal_halves"))}
     if layer == "embedding":
         return {"x": layers.Embedder(params, c, nx).encode(i["ids"])}
     if layer == "scaled_dot_product_attention":
@@ -75,7 +75,7 @@ def run_layer(layer: str, params: Params, prefix: str, inputs: dict[str, np.ndar
     if layer == "add_norm":
         return {"out": layer_norm(params, prefix, nx.act(i["x"] + i["y"]), c.layer_norm_eps, nx)}
     if layer == "feed_forward":
-        return {"out": layers.FeedForward(params, prefix, nx).forward(i["x"])}
+        return {"out": layers.FeedForward(params, prefix, c.activation, nx).forward(i["x"])}
     if layer == "encoder_layer":
         return {"out": layers.EncoderLayer(params, prefix, c, nx).forward(i["x"], i["mask"][:, 0])}
     if layer == "decoder_layer":

@@ -29,9 +29,11 @@ def linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *, nx: 
     return nx.act(y if bias is None else y + bias)
 
 
-def logits(x: np.ndarray, table: np.ndarray, *, nx: Numerics) -> np.ndarray:
-    """The tied output product x (B, T, D) . table (V, D)^T -> (B, T, V), rounded to fp32 only (rule 7)."""
-    return matmul_f32("bnd,vd->bnv", x, table, nx=nx)
+def logits(x: np.ndarray, table: np.ndarray, bias: np.ndarray | None = None, *, nx: Numerics) -> np.ndarray:
+    """The tied output product x (B, T, D) . table (V, D)^T, plus ``bias`` (V), -> (B, T, V): the exact sum
+    rounded to fp32 only (rule 7)."""
+    y = np.einsum("bnd,vd->bnv", x, table)
+    return nx.acc(y if bias is None else y + bias)
 
 
 def matmul_f32(subscripts: str, a: np.ndarray, b: np.ndarray, *, nx: Numerics) -> np.ndarray:

@@ -58,7 +58,7 @@ def test_layer_norm_and_ffn_by_hand(params):
     np.testing.assert_allclose(ref.layer_norm(params, p, x, 1e-6, EXACT), expected, rtol=1e-12, atol=1e-12)
     f = "encoder.layers.0.ffn"
     h = np.maximum(0, x @ params[f"{f}.w_1"] + params[f"{f}.b_1"])
-    np.testing.assert_allclose(ref.layers.FeedForward(params, f, EXACT).forward(x),
+    np.testing.assert_allclose(ref.layers.FeedForward(params, f, "relu", EXACT).forward(x),
                                h @ params[f"{f}.w_2"] + params[f"{f}.b_2"], rtol=1e-12, atol=1e-12)
 
 

@@ -57,7 +57,14 @@ CONFIGS = {"tiny": TINY, "tiny_prenorm": TINY.replace(norm_first=True), "small":
            "tiny_decoding": TINY.replace(d_ff=80), "reverse": DEMO_CONFIG,
            # decoder-only (``spec.golden_lm``); lm_tiny_decoding as tiny_decoding
            "lm_tiny": LM_TINY, "lm_tiny_postnorm": LM_TINY.replace(norm_first=False),
-           "lm_tiny_decoding": LM_TINY.replace(norm_first=False, d_ff=80)}
+           "lm_tiny_decoding": LM_TINY.replace(norm_first=False, d_ff=80),
+           # the checkpoint options (``spec.config``): Marian's layers; GELU with learned, unscaled positions; GPT-2's
+           "tiny_marian": TINY.replace(activation="silu", attention_bias=True, logits_bias=True,
+                                       positions="sinusoidal_halves", layer_norm_eps=1e-5),
+           "tiny_gelu": TINY.replace(activation="gelu", attention_bias=True, positions="learned",
+                                     scale_embedding=False),
+           "lm_tiny_gpt2": LM_TINY.replace(activation="gelu_tanh", attention_bias=True, logits_bias=True,
+                                           positions="learned", scale_embedding=False, layer_norm_eps=1e-5)}
 EOS_BOOST = 2.0  # decoding cases scale E[eos] (by a power of two, exact) so that some hypotheses end
 
 

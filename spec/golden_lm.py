@@ -203,6 +203,8 @@ def generate(w: Writer) -> None:
                  param_dtype="float32")
     forward_case(w, "lm_forward_tiny_postnorm_bfloat16", "lm_tiny_postnorm", "bfloat16", 33, [7, 4], 7)
     forward_case(w, "lm_incremental_tiny_bfloat16", "lm_tiny", "bfloat16", 34, [8, 5], 8, incremental=True)
+    forward_case(w, "lm_forward_tiny_gpt2_bfloat16", "lm_tiny_gpt2", "bfloat16", 43, [9, 5, 7], 9)
+    forward_case(w, "lm_incremental_tiny_gpt2_bfloat16", "lm_tiny_gpt2", "bfloat16", 44, [8, 5], 8, incremental=True)
     sample_case(w, "lm_sample_ties")
     for name, cfg, seed, settings, max_new, eos_boost in GENERATE_CASES:
         generate_case(w, name, cfg, seed, settings, max_new, eos_boost)

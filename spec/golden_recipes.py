@@ -181,6 +181,10 @@ def generate(root: Path) -> None:
     _forward_case(w, "forward_tiny_float32_params_bfloat16", "tiny", "float32", 8, [9, 6], 9, [7, 5], 7,
                   param_dtype="bfloat16")
     _forward_case(w, "incremental_tiny_bfloat16", "tiny", "bfloat16", 7, [8, 5], 8, [7, 4], 7, incremental=True)
+    _forward_case(w, "forward_tiny_marian_bfloat16", "tiny_marian", "bfloat16", 40, [9, 6], 9, [7, 5], 7)
+    _forward_case(w, "forward_tiny_gelu_float32", "tiny_gelu", "float32", 41, [9, 6], 9, [7, 5], 7)
+    _forward_case(w, "incremental_tiny_gelu_bfloat16", "tiny_gelu", "bfloat16", 42, [8, 5], 8, [7, 4], 7,
+                  incremental=True)
     for d in golden_search.DECODING_CASES:
         golden_search.decode_case(w, d)
     golden_lm.generate(w)

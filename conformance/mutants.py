@@ -17,7 +17,11 @@ bf16 in mixed precision). Six more break the decoder-only model and sampling
 (``conformance.mutations_lm``): a causal mask that shows the next position, a
 missing final LayerNorm, temperature applied after the softmax, top-p keeping
 one token too few, top-k ties to the higher id, and uniforms that are not the
-spec's.
+spec's. Seven break the options of published checkpoints
+(``conformance.mutations_options``): Marian's sin-then-cos table laid out as the
+paper's, GELU for ReLU, GELU's tanh approximation for its erf form, attention
+biases or the logits bias dropped, learned positions that forget the cache's
+offset, and the embedding scaled where the config says not to.
 The suite runs against the mutated reference backend (``--mutant NAME``), in a
 subprocess per mutant, and must fail; the table names the checks that caught it.
 
@@ -39,8 +43,9 @@ from pathlib import Path
 from conformance.mutations import MUTANTS as PAPER_MUTANTS
 from conformance.mutations import resolve
 from conformance.mutations_lm import LM_MUTANTS
+from conformance.mutations_options import OPTION_MUTANTS
 
-MUTANTS = {**PAPER_MUTANTS, **LM_MUTANTS}
+MUTANTS = {**PAPER_MUTANTS, **LM_MUTANTS, **OPTION_MUTANTS}
 
 
 def apply(name: str) -> None:

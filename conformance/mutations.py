@@ -34,13 +34,13 @@ _original = {target: resolve(target) for target in (
     "training.label_smoothed_cross_entropy", "training.loss_gradient", "training.adam_update")}
 
 
-def _pe_sin_cos_swapped(length, d_model):
-    pe = _original["layers.positional_encoding"](length, d_model)
+def _pe_sin_cos_swapped(length, d_model, halves=False):
+    pe = _original["layers.positional_encoding"](length, d_model, halves)
     return pe[:, [i ^ 1 for i in range(d_model)]]  # even columns get cos, odd get sin
 
 
-def _pe_positions_from_one(length, d_model):
-    return _original["layers.positional_encoding"](length + 1, d_model)[1:]
+def _pe_positions_from_one(length, d_model, halves=False):
+    return _original["layers.positional_encoding"](length + 1, d_model, halves)[1:]
 
 
 def _embed_unscaled(self, ids, start=0):

@@ -1,10 +1,10 @@
 """Property-based conformance on random small configs, beyond the golden cases' tiny/small/base.
 
-Hypothesis draws ``N_EXAMPLES[backend]`` examples from a fixed seed (the same ones on every run, no
-database, no shrinking): a config (heads 1/3/5, d_k and d_v independent, 1-3 layers per stack,
-pre- or post-LN, bf16 or fp32 activations with parameters stored in either dtype: ``spec.numerics``
-rule 0; a small vocabulary, ``max_len`` just above the input lengths), observable weights from a
-seed, and right-padded inputs. The float64 ("exact") and contract-faithful references are computed
+Hypothesis draws ``N_EXAMPLES[backend]`` examples from a fixed seed (the same ones on every run, no database,
+no shrinking): a config (heads 1/3/5, d_k and d_v independent, 1-3 layers per stack, pre- or post-LN, every
+checkpoint option of ``spec.config``, bf16 or fp32 activations with parameters stored in either dtype:
+``spec.numerics`` rule 0; a small vocabulary, ``max_len`` just above the input lengths), observable weights
+from a seed, and right-padded inputs. The float64 ("exact") and contract-faithful references are computed
 live, by ``conformance.oracle`` (private copies that ``--mutant`` never reaches). Per example, as the golden cases:
 
 * logits of ``forward(src, tgt_in)`` at non-pad target positions: ``spec.tolerance.judge`` against
@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 
 from conformance.oracle import ref, search
 from spec import tolerance
-from spec.config import DTYPES, Config
+from spec.config import ACTIVATIONS, DTYPES, POSITIONS, Config
 from spec.golden_cases import valid_rows
 from spec.init import init_params
 from spec.numerics import Numerics
@@ -87,7 +87,10 @@ def examples(draw) -> Example:
     c = Config(vocab_size=i(8, 40), d_model=2 * i(4, 24), n_heads=draw(st.sampled_from([1, 3, 5])), d_k=i(1, 12),
                d_v=i(1, 12), d_ff=i(4, 64), n_encoder_layers=i(1, 3), n_decoder_layers=i(1, 3),
                max_len=max(S, T) + i(0, 3), dropout=0.1, norm_first=draw(st.booleans()), dtype=dtype,
-               param_dtype=draw(st.sampled_from([dtype, *(d for d in DTYPES if d != dtype)])))  # same, else mixed
+               param_dtype=draw(st.sampled_from([dtype, *(d for d in DTYPES if d != dtype)])),  # same, else mixed
+               activation=draw(st.sampled_from(ACTIVATIONS)), attention_bias=draw(st.booleans()),
+               logits_bias=draw(st.booleans()), positions=draw(st.sampled_from(POSITIONS)),
+               scale_embedding=draw(st.booleans()), layer_norm_eps=draw(st.sampled_from([1e-6, 1e-5])))
     s = i(0, 2**16)
     rng = np.random.default_rng(s)
     src, tgt_in = rng.integers(1, c.vocab_size, (B, S)), rng.integers(1, c.vocab_size, (B, T))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tools import conformance, train_demo, translate_demo
+from tools import conformance, onnx_torch, train_demo, translate_demo
 
 
 @pytest.mark.parametrize(("main", "expected"), [
     (train_demo.main, ["--steps STEPS         training steps (default: 1500)", "(default: 64)"]),
     (translate_demo.main, ["(default: 30.0)", "(default: torch,jax,tf,peer)", "(default: 200)"]),
     (conformance.main, ["(default: "]),
+    (onnx_torch.main, ["usage: python -m tools.onnx_torch [-h] weights out", "encoder.onnx and decoder.onnx"]),
 ])
 def test_help_shows_defaults(main, expected, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # no line breaks inside the texts looked for

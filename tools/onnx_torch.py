@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> tuple[Path, Path]:
 
     config = weights_io.read_config(args.weights).replace(dtype="float32")
     with warnings.catch_warnings():  # the stored dtype is bf16 compute, as a rule: float32 is what this exports
-        warnings.filterwarnings("ignore", "using the given config", UserWarning)
+        warnings.filterwarnings("ignore", ".*using the given config", UserWarning)
         model = impl_torch.load_weights(args.weights, config)
     paths = export(model, args.out)
     print(*paths, sep="\n")

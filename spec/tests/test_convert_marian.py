@@ -1,14 +1,16 @@
-"""``spec.convert.marian``: which configs Marian can express, and a state dict that holds every canonical tensor
-where Marian reads it (the forward's agreement with ``transformers`` is checked where torch is:
-``bench/tests/test_translate.py``)."""
+"""``spec.convert.marian``: which configs Marian can express, a state dict that holds every canonical tensor where
+Marian reads it, the way back, and what a checkpoint folder may hold that is refused (the forward's agreement with
+``transformers`` in every backend is checked where the frameworks are: ``tools/tests/test_convert_hf.py``)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
 import spec
-from spec.convert import marian
+from spec.convert import hub, marian
 from spec.reference.layers import positional_encoding
 
 BASE = spec.preset("base", layer_norm_eps=1e-5)
@@ -63,3 +65,66 @@ def test_every_canonical_tensor_lands_where_marian_reads_it():
     assert np.array_equal(pe, positional_encoding(SMALL.max_len, D).astype(np.float32))   # interleaved sin, cos
     # the shared table 4 times, the logits bias, 2 positional tables; per layer 16 (encoder) or 26 (decoder)
     assert len(state) == 7 + 16 * SMALL.n_encoder_layers + 26 * SMALL.n_decoder_layers
+
+
+MARIAN = SMALL.replace(activation="silu", attention_bias=True, logits_bias=True, positions="sinusoidal_halves")
+
+
+@pytest.mark.parametrize("config", [SMALL, MARIAN, SMALL.replace(positions="learned", activation="gelu_tanh")],
+                         ids=["paper", "marian", "learned"])
+def test_a_saved_model_loads_back_as_it_was(config, tmp_path):
+    params = spec.init_params(config, 1, observable=True)
+    marian.save(tmp_path, config, params)
+    loaded, back = marian.load(tmp_path)
+    assert loaded == config
+    assert list(back) == list(params) and all(np.array_equal(back[k], params[k]) for k in params)
+
+
+def test_marians_start_token_gets_a_row_of_its_own(tmp_path):
+    """Marian starts decoding at its pad token, which the spec masks: BOS becomes a copy of that row."""
+    params = spec.init_params(MARIAN, 1, observable=True)
+    state = marian.to_hf(MARIAN, params)
+    hf = {"model_type": "marian", **marian.hf_config(MARIAN), "decoder_start_token_id": MARIAN.pad_id}
+    config, back = marian.from_hf(hf, state)
+    V = MARIAN.vocab_size
+    assert (config.vocab_size, config.bos_id, config.pad_id) == (V + 1, V, MARIAN.pad_id)
+    assert np.array_equal(back["embedding"][V], params["embedding"][MARIAN.pad_id])
+    assert back["logits_bias"][V] == hub.NEVER and np.array_equal(back["logits_bias"][:V], params["logits_bias"])
+
+
+def _saved(tmp_path):
+    marian.save(tmp_path, MARIAN, spec.init_params(MARIAN, 1))
+    return tmp_path
+
+
+def test_a_truncated_weights_file_is_refused_by_name(tmp_path):
+    path = _saved(tmp_path) / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="model.safetensors: not a whole safetensors file"):
+        marian.load(tmp_path)
+
+
+def test_a_config_that_does_not_match_the_tensors_is_refused_by_name(tmp_path):
+    hf = json.loads((_saved(tmp_path) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(hf | {"encoder_ffn_dim": 64, "decoder_ffn_dim": 64}))
+    with pytest.raises(ValueError, match=r"fc1.weight: shape \(48, 32\), but config.json gives \(64, 32\)"):
+        marian.load(tmp_path)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "bert", "architectures": ["BertModel"]}, "unknown architecture: model_type='bert'"),
+    ({"activation_function": "mish"}, "activation_function='mish'"),
+    ({"decoder_ffn_dim": 64}, "encoder_ffn_dim=48 != decoder_ffn_dim=64"),
+    ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings=False"),
+])
+def test_what_the_spec_cannot_express_is_refused_by_name(change, message, tmp_path):
+    hf = json.loads((_saved(tmp_path) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(hf | change))
+    with pytest.raises(ValueError, match=message):
+        marian.load(tmp_path)
+
+
+def test_a_folder_without_safetensors_is_refused_by_name(tmp_path):
+    (_saved(tmp_path) / "model.safetensors").rename(tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="no such file .only pytorch_model.bin"):
+        marian.load(tmp_path)

@@ -174,9 +174,10 @@ def lm_demo_report(session: nox.Session) -> None:
 @session
 def text(session: nox.Session) -> None:
     """The tools in every backend (``tools/tests``): the text layer (corpus -> tokenizer -> training -> translation
-    -> BLEU, one checkpoint translated by all three; the torch peer), the training demo's short run in each impl
-    and impl_torch's ONNX export in ONNX Runtime; the text layer's framework-free unit tests run in ``tests``."""
-    session.install(*CONSTRAINTS, *TEXT, "pytest", "matplotlib", "onnx", "onnxruntime")
+    -> BLEU, one checkpoint translated by all three; the torch peer), the training demo's short run in each impl,
+    impl_torch's ONNX export in ONNX Runtime, and checkpoints from and to ``transformers`` in every impl; the text
+    layer's framework-free unit tests run in ``tests``."""
+    session.install(*CONSTRAINTS, *TEXT, "pytest", "matplotlib", "onnx", "onnxruntime", "transformers")
     session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
 
 

@@ -3,6 +3,7 @@
     python -m text prepare --catalogs de --out data/en-de            # or --source F --target F, or --tsv F
     python -m text train --backend jax --data data/en-de --out runs/jax --minutes 30
     python -m text translate --backend tf --weights runs/jax/averaged.safetensors < sentences.en
+    python -m text translate --backend jax --marian opus-mt-en-de < sentences.en   # a transformers checkpoint
     python -m text evaluate --backend torch --weights runs/jax/averaged.safetensors --data data/en-de
     python -m text average --out avg.safetensors runs/jax/step-*/model.safetensors
 """
@@ -20,7 +21,9 @@ from pathlib import Path
 from types import ModuleType
 
 import spec
+import spec.convert.marian
 from text import corpus, data, evaluate, train
+from text.marian import MarianTokenizer
 from text.tokenizer import Tokenizer
 from text.translate import translate
 
@@ -100,6 +103,11 @@ def cmd_train(a: argparse.Namespace) -> None:
 def _model(a: argparse.Namespace):
     """(impl module, model, tokenizer); the weights' config and the tokenizer are checked before the framework
     is imported."""
+    if getattr(a, "marian", None):  # a transformers checkpoint folder: weights and tokenizer converted
+        config, params = spec.convert.marian.load(a.marian)
+        tokenizer = MarianTokenizer.load(a.marian, config)
+        T = load_backend(a.backend, a.threads, a.cores)
+        return T, T.from_params(config, params), tokenizer
     tokenizer = Tokenizer.load(a.tokenizer or Path(a.weights).parent / "tokenizer.model",
                                spec.weights_io.read_config(a.weights))
     T = load_backend(a.backend, a.threads, a.cores)
@@ -190,7 +198,11 @@ def parser() -> argparse.ArgumentParser:
                                ("evaluate", cmd_evaluate, "BLEU on a split of a prepared corpus")):
         s = sub.add_parser(name, help=helptext, formatter_class=d)
         _backend_args(s)
-        s.add_argument("--weights", required=True, help="a canonical weights file (any backend's)")
+        source = s.add_mutually_exclusive_group(required=True)
+        source.add_argument("--weights", help="a canonical weights file (any backend's)")
+        if name == "translate":
+            source.add_argument("--marian", help="a transformers MarianMTModel folder (config.json, "
+                                "model.safetensors, source.spm, target.spm, vocab.json), converted on load")
         s.add_argument("--tokenizer", help="default: tokenizer.model beside the weights")
         s.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy search")
         if name == "translate":

@@ -98,15 +98,18 @@ class _NativeLinear(torch.autograd.Function):
         return dx, dw, db
 
 
-def logits(x: Tensor, table: Tensor, *, native_bf16: bool = False) -> Tensor:
-    """The tied output product x E^T (section 3.4, rule 7): x (B, T, D), table (V, D) fp32 holding ``x.dtype``
-    values (rule 0: ``round_to``) -> (B, T, V) float32, never rounded. One 2-D fp32 GEMM of the exact upcast
-    operands; for a bf16 ``x`` on the CPU with ``native_bf16``, run by oneDNN as a bf16 GEMM with an fp32
-    accumulator and result: PyTorch's ``mkldnn.flags`` scoped around it (restored on exit; autograd's backward runs
-    outside, in fp32). Its operands are bf16 values, so it rounds nothing."""
+def logits(x: Tensor, table: Tensor, bias: Tensor | None = None, *, native_bf16: bool = False) -> Tensor:
+    """The tied output product x E^T (section 3.4, rule 7), plus ``bias``: x (B, T, D), table (V, D) and bias (V,)
+    fp32 holding ``x.dtype`` values (rule 0: ``round_to``) -> (B, T, V) float32, never rounded. One 2-D fp32 GEMM
+    of the exact upcast operands, the bias added to its fp32 result; for a bf16 ``x`` on the CPU with
+    ``native_bf16``, run by oneDNN as a bf16 GEMM with an fp32 accumulator and result: PyTorch's ``mkldnn.flags``
+    scoped around it (restored on exit; autograd's backward runs outside, in fp32). Its operands are bf16 values,
+    so it rounds nothing."""
     native = native_bf16 and x.dtype == torch.bfloat16 and not x.is_cuda
+    x2 = x.reshape(-1, x.shape[-1]).float()                                     # (rows, D) fp32
     with torch.backends.mkldnn.flags(None, None, None, "bf16") if native else contextlib.nullcontext():
-        return (x.reshape(-1, x.shape[-1]).float() @ table.T).reshape(*x.shape[:-1], -1)
+        y = x2 @ table.T if bias is None else torch.addmm(bias, x2, table.T)    # (rows, V) fp32
+    return y.reshape(*x.shape[:-1], -1)
 
 
 def matmul_f32(a: Tensor, b: Tensor) -> Tensor:

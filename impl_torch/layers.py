@@ -56,45 +56,64 @@ def dropout(x: Tensor, site: str, rate: float, rng: torch.Generator | None) -> T
     return record(site, torch.where(keep, x.float() / divisor, 0.0).to(x.dtype))
 
 
-def positional_encoding(length: int, d_model: int, device: torch.device | str | None = None) -> Tensor:
+def positional_encoding(length: int, d_model: int, halves: bool = False,
+                        device: torch.device | str | None = None) -> Tensor:
     """The sinusoidal table (section 3.5), (L, D) float32, interleaved, positions from 0.
 
-    ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``. Computed in float64 on the CPU
-    (not every device has float64) and rounded once to float32.
+    ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``; with ``halves``
+    (``config.positions="sinusoidal_halves"``) the same D/2 sines fill the first half and the cosines the second.
+    Computed in float64 on the CPU (not every device has float64) and rounded once to float32.
     """
     pos = torch.arange(length, dtype=torch.float64)[:, None]           # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)           # (D/2,)
     angle = pos / 10000.0 ** (two_i / d_model)                         # (L, D/2)
-    pe = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)    # (L, D): sin, cos interleaved
+    if halves:
+        pe = torch.cat([angle.sin(), angle.cos()], dim=-1)             # (L, D): every sin, then every cos
+    else:
+        pe = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)  # (L, D): sin, cos interleaved
     return pe.to(device=device, dtype=torch.float32)
 
 
 class Embedder(nn.Module):
-    """The one embedding table E (V, D), shared by source, target and the output projection (section 3.4).
+    """The one embedding table E (V, D), shared by source, target and the output projection (section 3.4), the
+    positions and, with ``config.logits_bias``, the logits' ``bias`` (V,).
 
-    ``encode``: ids -> ``E[ids] * sqrt(D) + PE`` (sections 3.4, 3.5), before dropout (the model's); ``decode``:
-    h -> h E^T, the logits. The PE table is a non-persistent fp32 buffer of ``max_len`` rows.
+    ``encode``: ids -> ``E[ids] * sqrt(D) + PE`` (sections 3.4, 3.5; the factor 1 without
+    ``config.scale_embedding``), before dropout (the model's); ``decode``: h -> h E^T (+ bias), the logits. PE is
+    the learned ``positions`` (max_len, D) with ``config.positions="learned"``, else ``pe``, a non-persistent fp32
+    buffer of ``max_len`` rows in the configured layout (``positions`` None then; ``pe`` None with learned ones).
     """
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
         self.native_bf16 = native_bf16
-        self.table = nn.Parameter(torch.empty(config.vocab_size, config.d_model, dtype=DTYPES[config.param_dtype],
-                                              device=device))
-        self.register_buffer("pe", positional_encoding(config.max_len, config.d_model, device), persistent=False)
+        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
+        self.table = nn.Parameter(torch.empty(config.vocab_size, config.d_model, **kw))
+        learned = config.positions == "learned"
+        self.positions = nn.Parameter(torch.empty(config.max_len, config.d_model, **kw)) if learned else None
+        self.bias = nn.Parameter(torch.empty(config.vocab_size, **kw)) if config.logits_bias else None
+        pe = None if learned else positional_encoding(config.max_len, config.d_model,
+                                                      config.positions == "sinusoidal_halves", device)
+        self.register_buffer("pe", pe, persistent=False)
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else None
         self.dtype = DTYPES[config.dtype]
 
     def encode(self, ids: Tensor, start: int = 0) -> Tensor:
         """ids (B, L) at positions start..start+L-1 -> (B, L, D): the sum in fp32, rounded once (rule 3); rows of
-        the table enter in the activation dtype (rule 0)."""
-        x = round_to(F.embedding(ids, self.table), self.dtype) * math.sqrt(self.table.shape[-1])  # (B, L, D) fp32
-        return (x + self.pe[start:start + ids.shape[1]]).to(self.dtype)
+        the table and of learned positions enter in the activation dtype (rule 0)."""
+        x = round_to(F.embedding(ids, self.table), self.dtype)                  # (B, L, D) fp32
+        x = x if self.scale is None else x * self.scale
+        end = start + ids.shape[1]
+        pe = self.pe[start:end] if self.positions is None else round_to(self.positions[start:end], self.dtype)
+        return (x + pe).to(self.dtype)
 
     def decode(self, x: Tensor, table: Tensor | None = None) -> Tensor:
-        """Tied output projection x E^T (section 3.4, rule 7): (B, L, D) -> (B, L, V) float32, never rounded.
-        ``table``: ``rounded_table()``, given by a loop that decodes many steps, which computes it once."""
+        """Tied output projection x E^T (section 3.4, rule 7), plus the logits' bias if any (entering in the
+        activation dtype): (B, L, D) -> (B, L, V) float32, never rounded. ``table``: ``rounded_table()``, given by
+        a loop that decodes many steps, which computes it once."""
         table = self.rounded_table() if table is None else table
-        return logits(x, table, native_bf16=self.native_bf16)
+        bias = None if self.bias is None else round_to(self.bias, self.dtype)   # (V,) fp32
+        return logits(x, table, bias, native_bf16=self.native_bf16)
 
     def rounded_table(self) -> Tensor:
         """The table as it enters the output product (rule 0): (V, D) fp32 holding ``config.dtype`` values; a copy
@@ -126,9 +145,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, 
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2), projections without bias.
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2); with ``config.attention_bias`` each
+    projection adds its bias before its one rounding (else the paper's, without bias: b_* None).
 
-    Parameters: w_q, w_k (D, H, K), w_v (D, H, C), w_o (H, C, D). ``project_kv`` and ``forward`` are the two
+    Parameters: w_q, w_k (D, H, K), w_v (D, H, C), w_o (H, C, D); biases b_q, b_k (H, K), b_v (H, C), b_o (D,),
+    each registered after its weight (``spec.schema``'s order). ``project_kv`` and ``forward`` are the two
     halves, so a decoder can cache keys/values: per step for self-attention, once per source for cross-attention.
     Attention runs fused on CUDA and plain elsewhere (``scaled_dot_product_attention`` says why).
     """
@@ -137,28 +158,44 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         D, H, K, C = config.d_model, config.n_heads, config.d_k, config.d_v
         kw = {"dtype": DTYPES[config.param_dtype], "device": device}
-        self.w_q = nn.Parameter(torch.empty(D, H, K, **kw))
-        self.w_k = nn.Parameter(torch.empty(D, H, K, **kw))
-        self.w_v = nn.Parameter(torch.empty(D, H, C, **kw))
-        self.w_o = nn.Parameter(torch.empty(H, C, D, **kw))
+        bias = lambda *shape: nn.Parameter(torch.empty(*shape, **kw)) if config.attention_bias else None  # noqa: E731
+        self.w_q, self.b_q = nn.Parameter(torch.empty(D, H, K, **kw)), bias(H, K)
+        self.w_k, self.b_k = nn.Parameter(torch.empty(D, H, K, **kw)), bias(H, K)
+        self.w_v, self.b_v = nn.Parameter(torch.empty(D, H, C, **kw)), bias(H, C)
+        self.w_o, self.b_o = nn.Parameter(torch.empty(H, C, D, **kw)), bias(D)
         self.native_bf16 = native_bf16
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, M, D) -> heads-major k (B, H, M, K), v (B, H, M, C), the KV cache's layout (transposed views)."""
-        k, v = (linear(x, w, native_bf16=self.native_bf16) for w in (self.w_k, self.w_v))
+        k = linear(x, self.w_k, self.b_k, native_bf16=self.native_bf16)         # (B, M, H, K)
+        v = linear(x, self.w_v, self.b_v, native_bf16=self.native_bf16)         # (B, M, H, C)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """Queries from x (B, L, D) over kv (B, H, M, K), (B, H, M, C); mask (B, 1, L or 1, M) -> (B, L, D)."""
-        q = linear(x, self.w_q, native_bf16=self.native_bf16)                   # (B, L, H, K)
+        q = linear(x, self.w_q, self.b_q, native_bf16=self.native_bf16)         # (B, L, H, K)
         o = scaled_dot_product_attention(q, *kv, mask, q.is_cuda)               # (B, L, H, C)
-        return linear(o, self.w_o, n_in=2, native_bf16=self.native_bf16)        # (B, L, D)
+        return linear(o, self.w_o, self.b_o, n_in=2, native_bf16=self.native_bf16)  # (B, L, D)
+
+
+def activation(h: Tensor, name: str) -> Tensor:
+    """The FFN's nonlinearity ``name`` (``spec.config.ACTIVATIONS``) of the rounded hidden units h (B, L, F):
+    ReLU exact in h's dtype; the others computed in fp32 and rounded once to h's dtype (rule 2)."""
+    if name == "relu":
+        return torch.relu(h)
+    if name in ("gelu", "gelu_tanh"):                                       # x Phi(x), exact (erf) or tanh's
+        return F.gelu(h.float(), approximate="tanh" if name == "gelu_tanh" else "none").to(h.dtype)
+    if name == "silu":                                                      # x sigmoid(x)
+        return F.silu(h.float()).to(h.dtype)
+    raise ValueError(f"unknown activation {name!r}")
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2): (B, L, D) -> (B, L, D), hidden (B, L, F)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; ``act`` of ``activation``, the paper's ReLU by default):
+    (B, L, D) -> (B, L, D), hidden (B, L, F)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
+    def __init__(self, config: Config, act: str, device: torch.device | str | None = None, *,
+                 native_bf16: bool = False):
         super().__init__()
         D, F_ = config.d_model, config.d_ff
         kw = {"dtype": DTYPES[config.param_dtype], "device": device}
@@ -166,11 +203,11 @@ class FeedForward(nn.Module):
         self.b_1 = nn.Parameter(torch.empty(F_, **kw))
         self.w_2 = nn.Parameter(torch.empty(F_, D, **kw))
         self.b_2 = nn.Parameter(torch.empty(D, **kw))
-        self.native_bf16 = native_bf16
+        self.act, self.native_bf16 = act, native_bf16
 
     def forward(self, x: Tensor) -> Tensor:
-        h = torch.relu(linear(x, self.w_1, self.b_1, native_bf16=self.native_bf16))  # (B, L, F), ReLU commutes
-        return linear(h, self.w_2, self.b_2, native_bf16=self.native_bf16)           # (B, L, D)
+        h = activation(linear(x, self.w_1, self.b_1, native_bf16=self.native_bf16), self.act)  # (B, L, F)
+        return linear(h, self.w_2, self.b_2, native_bf16=self.native_bf16)                    # (B, L, D)
 
 
 class LayerNorm(nn.Module):
@@ -199,7 +236,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         attention = functools.partial(MultiHeadAttention, config, device, native_bf16=native_bf16)
         self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
-        self.ffn, self.ffn_norm = FeedForward(config, device, native_bf16=native_bf16), LayerNorm(config, device)
+        self.ffn = FeedForward(config, config.activation, device, native_bf16=native_bf16)
+        self.ffn_norm = LayerNorm(config, device)
         self.norm_first, self.rate = config.norm_first, config.dropout
 
     def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
@@ -224,7 +262,8 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
         self.cross_attn, self.cross_attn_norm = (None, None) if config.decoder_only else \
             (attention(), LayerNorm(config, device))
-        self.ffn, self.ffn_norm = FeedForward(config, device, native_bf16=native_bf16), LayerNorm(config, device)
+        self.ffn = FeedForward(config, config.activation, device, native_bf16=native_bf16)
+        self.ffn_norm = LayerNorm(config, device)
         self.norm_first, self.rate = config.norm_first, config.dropout
 
     def forward(self, y: Tensor, self_kv: tuple[Tensor, Tensor], self_mask: Tensor,

@@ -3,15 +3,14 @@ with the decoder-only ``impl_torch.lm.LanguageModel``: the module base, the deco
 
 Every public entry point checks its token ids with ``spec.validate`` on a NumPy host copy before converting or
 computing anything, so bad input raises the spec's ``ValueError`` with the spec's message. The searches and
-``generate`` call the unchecked ``_encode``, ``_init_cache``, ``_empty_cache`` and ``_decode`` at the end of the file
-once they have validated.
+``generate`` call the unchecked internals at the end of the file (``_encode``, ``_decode``, ...) once validated.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +24,7 @@ from spec.config import Config
 from spec.recording import record, recording, scope
 
 Ids = Tensor | np.ndarray | Sequence[Sequence[int]]  # token ids (B, L), any integer dtype
-
+_TIED = {"embedding": "embedder.table", "position_embedding": "embedder.positions", "logits_bias": "embedder.bias"}
 
 
 @dataclasses.dataclass
@@ -37,8 +36,7 @@ class KVCache:
     cross-attention (k (B, H, S, K), v (B, H, S, C)) of the encoder output, computed once; memory_mask (B, S)
     bool, True at a non-pad source position; ``length``: the positions written. A decoder-only model's cache has
     ``memory_kv`` [] and ``memory_mask`` None. ``decode`` writes the buffers in place and returns a new cache over
-    them; the one it was given is consumed.
-    """
+    them; the one it was given is consumed."""
 
     self_kv: list[tuple[Float[Tensor, "B H P K"], Float[Tensor, "B H P C"]]]
     key_mask: Bool[Tensor, "B P"]
@@ -107,23 +105,27 @@ class Decoder(Stack):
 
 class TransformerBase(nn.Module):
     """What ``Transformer`` and ``impl_torch.lm.LanguageModel`` share as modules: ``config``, ``native_bf16``, the
-    tied embedding table registered first, as ``embedding`` (the state_dict holds it once, under that name), and
-    casts that keep ``config`` true. A subclass adds its stacks, then loads the canonical parameters."""
+    ``Embedder``'s parameters registered here first, by canonical name (``_TIED``; the state_dict holds each once),
+    and casts that keep ``config`` true. A subclass adds its stacks, then loads the canonical parameters."""
 
     def __init__(self, config: Config, device: torch.device | str | None, native_bf16: bool):
         super().__init__()
         self.config, self.native_bf16 = config, native_bf16
-        self.embedder = Embedder(config, device, native_bf16=native_bf16)
-        self.embedding = self.embedder.table  # tied: registered here first, so named_parameters() says "embedding"
+        e = self.embedder = Embedder(config, device, native_bf16=native_bf16)
+        self.embedding, self.position_embedding, self.logits_bias = e.table, e.positions, e.bias  # None: option off
         self.register_state_dict_post_hook(_tied_once)
         self.register_load_state_dict_pre_hook(_tied_twice)
+
+    def named_parameters(self, *args: object, **kwargs: object) -> Iterator[tuple[str, nn.Parameter]]:
+        """``nn.Module``'s in ``spec.schema``'s order: ``logits_bias``, registered here, after the stacks'."""
+        return iter(sorted(super().named_parameters(*args, **kwargs), key=lambda kv: kv[1] is self.logits_bias))
 
     def extra_repr(self) -> str:
         return f"native_bf16={self.native_bf16}"
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> TransformerBase:
         """``nn.Module._apply`` (under ``.to``, ``.cuda``, ``.float``, ...), keeping ``config`` true: a cast to bf16
-        or fp32 sets ``config.param_dtype``; the PE table stays fp32 (rule 3) and only moves device.
+        or fp32 sets ``config.param_dtype``; the sinusoidal PE table stays fp32 (rule 3) and only moves device.
 
         Raises:
             ValueError: naming the dtype, for a cast to any other floating-point dtype, before anything changes.
@@ -136,7 +138,7 @@ class TransformerBase(nn.Module):
                              f"{tuple(DTYPES)}")
         pe = self.embedder.pe
         super()._apply(fn, recurse)
-        self.embedder.pe = pe.to(probe.device)
+        self.embedder.pe = None if pe is None else pe.to(probe.device)
         self.config = self.config.replace(param_dtype=param_dtype)
         return self
 
@@ -147,7 +149,7 @@ class Transformer(TransformerBase):
     ``Transformer(config, seed)`` holds ``spec.init_params(config, seed)`` (drawn with NumPy, not torch's RNG: the
     same bits in every backend); ``params=`` (keyword, ``impl_torch.from_params``) holds given canonical ones
     instead. Parameters are stored in ``config.param_dtype``, activations computed in ``config.dtype``. The
-    state_dict keys are the canonical names of ``spec.schema``: ``embedding`` is the ``Embedder``'s table, tied.
+    state_dict keys are the canonical names of ``spec.schema``, the ``Embedder``'s tied ones too (``TransformerBase``).
     ``native_bf16`` (keyword, default False, shown in ``repr``): CPU bf16 products as native bf16 GEMMs instead of
     fp32 GEMMs of the upcast operands (``impl_torch.numerics``). ``.to(device)`` moves it; ``.to(dtype)``,
     ``.float()`` and ``.bfloat16()`` cast the parameters and set ``config.param_dtype`` to match. Dropout
@@ -253,9 +255,8 @@ def _empty_cache(model: TransformerBase, batch: int, capacity: int, dtype: torch
     (a decoder-only model's): self-attention buffers of ``dtype`` on ``device``."""
     c = model.config
     empty = lambda d: torch.empty(batch, c.n_heads, capacity, d, dtype=dtype, device=device)  # noqa: E731
-    return KVCache(self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in model.decoder.layers],
-                   key_mask=torch.zeros(batch, capacity, dtype=torch.bool, device=device), memory_kv=[],
-                   memory_mask=None)
+    return KVCache(self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in model.decoder.layers], memory_kv=[], memory_mask=None,
+                   key_mask=torch.zeros(batch, capacity, dtype=torch.bool, device=device))
 
 
 def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None, *,
@@ -287,11 +288,12 @@ def _device_ids(ids: Ids, device: torch.device) -> Tensor:
 
 
 def _tied_once(model: TransformerBase, state: dict[str, Tensor], prefix: str, _: object) -> None:
-    """The state_dict holds the tied table once, under its canonical name ``embedding``."""
-    del state[f"{prefix}embedder.table"]
+    """The state_dict holds each Embedder parameter once, by canonical name, in ``named_parameters``' order."""
+    for name, alias in _TIED.items():
+        if state.pop(f"{prefix}{alias}", None) is not None and name == "logits_bias":
+            state[f"{prefix}{name}"] = state.pop(f"{prefix}{name}")
 
 
 def _tied_twice(model: TransformerBase, state: dict[str, Tensor], prefix: str, *_: object) -> None:
-    """A canonical state_dict's ``embedding`` loads into the tied table under both its names."""
-    if f"{prefix}embedding" in state:
-        state[f"{prefix}embedder.table"] = state[f"{prefix}embedding"]
+    """A canonical state_dict's Embedder parameters load into the tied ones under both their names."""
+    state.update({prefix + alias: state[prefix + name] for name, alias in _TIED.items() if prefix + name in state})

@@ -1,6 +1,6 @@
 """Training (spec.training, sections 5.3 and 5.4): gradients against spec.backward's float64 VJPs, Adam against
-spec.training.adam_update, learning, the train-state file, bad input, and no global state touched (dropout:
-test_dropout.py)."""
+spec.training.adam_update, the checkpoint options' parameters, learning, bad input, and no global state touched
+(dropout: test_dropout.py; the train-state file: test_train_state.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-import safetensors.numpy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -24,6 +23,8 @@ TGT_OUT = np.array([[4, 5, 6, 2, 0], [7, 8, 9, 10, 2]])               # (B, T), 
 FP32 = spec.preset("tiny", dtype="float32", param_dtype="float32")
 MIXED = spec.preset("tiny", dtype="bfloat16", param_dtype="float32")
 WARMUP10 = training.TrainConfig(warmup_steps=10)                       # large, visible steps
+OPTIONS = MIXED.replace(activation="silu", attention_bias=True, logits_bias=True, positions="learned",
+                        scale_embedding=False)                          # every checkpoint option off the paper's
 
 
 def _errors(got: torch.Tensor, want: np.ndarray, eps: float) -> tuple[float, float]:
@@ -157,6 +158,20 @@ def test_updates_keep_param_dtype_and_fp32_moments(param_dtype):
     assert all(m.dtype == v.dtype == torch.float32 for m, v in zip(state.m.values(), state.v.values(), strict=True))
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["fp32_gemm", "native_bf16_gemm"])
+def test_the_checkpoint_options_parameters_train(native):
+    """The parameters of spec.config's options get fp32 gradients, in schema order, and a step moves each: every
+    attention bias but b_k, whose exact gradient is 0 (softmax ignores a constant added to a query's scores)."""
+    model = T.Transformer(OPTIONS, seed=0, native_bf16=native)
+    before = {k: a.copy() for k, a in T.params_of(model).items()}     # params_of's arrays share the tensors' memory
+    loss, grads = T.loss_and_gradients(model, SRC, TGT_IN, TGT_OUT)
+    assert list(grads) == list(before) == [s.name for s in param_specs(OPTIONS)]
+    assert all(g.dtype == torch.float32 and bool(g.isfinite().all()) for g in grads.values())
+    T.train_step(model, T.init_train_state(model, WARMUP10), SRC, TGT_IN, TGT_OUT)
+    after = T.params_of(model)
+    assert [k for k in before if (after[k] == before[k]).all() and not k.endswith(".b_k")] == []
+
+
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
 def test_forward_after_a_step_reads_the_updated_weights(param_dtype):
     """A step in place is seen by the next forward: no stale copy of a parameter is read."""
@@ -201,60 +216,6 @@ def test_a_copy_task_is_learned():
     state = T.init_train_state(model, training.TrainConfig(warmup_steps=20))
     losses = [float(T.train_step(model, state, src, tgt_in, src)[0]) for _ in range(60)]
     assert losses[-1] < 0.5 * losses[0], losses
-
-
-# ----------------------------------------------------------------- the train-state file
-
-def test_a_saved_state_continues_bit_for_bit(tmp_path):
-    model = T.Transformer(MIXED, seed=0)
-    state = T.init_train_state(model, WARMUP10, seed=7)
-    for _ in range(2):
-        T.train_step(model, state, SRC, TGT_IN, TGT_OUT)
-    T.save_train_state(state, tmp_path / "state.safetensors")
-    T.save_weights(model, tmp_path / "model.safetensors")
-    model2 = T.load_weights(tmp_path / "model.safetensors").train()
-    state2 = T.load_train_state(tmp_path / "state.safetensors", model2)
-    assert (state2.step, state2.train_config) == (2, WARMUP10)
-    assert torch.equal(state2.rng.get_state(), state.rng.get_state())
-    assert all(torch.equal(state2.m[k], state.m[k]) and torch.equal(state2.v[k], state.v[k]) for k in state.m)
-    for _ in range(2):
-        loss = T.train_step(model, state, SRC, TGT_IN, TGT_OUT)[0]
-        loss2 = T.train_step(model2, state2, SRC, TGT_IN, TGT_OUT)[0]
-        assert float(loss) == float(loss2)
-    p, p2 = T.params_of(model), T.params_of(model2)
-    assert all((p[k].view(np.uint8) == p2[k].view(np.uint8)).all() for k in p)
-
-
-def test_a_state_of_another_framework_keeps_moments_and_reseeds_the_rng(tmp_path):
-    model = T.Transformer(MIXED, seed=0)
-    state = T.init_train_state(model, WARMUP10, seed=7)
-    T.train_step(model, state, SRC, TGT_IN, TGT_OUT)
-    T.save_train_state(state, tmp_path / "s.safetensors")
-    arrays = safetensors.numpy.load_file(tmp_path / "s.safetensors")
-    arrays["rng"] = np.array([0, 7], np.uint32)                          # a JAX key, say
-    meta = {"step": "1", "train_config": '{"warmup_steps": 10}', "framework": "jax"}
-    safetensors.numpy.save_file(arrays, tmp_path / "jax.safetensors", metadata=meta)
-    with pytest.warns(UserWarning, match="dropout masks will differ"):
-        loaded = T.load_train_state(tmp_path / "jax.safetensors", model)
-    assert loaded.step == 1 and loaded.train_config == WARMUP10
-    assert all(torch.equal(loaded.v[k], state.v[k]) for k in state.v)
-    assert torch.equal(loaded.rng.get_state(), torch.Generator().manual_seed(0).get_state())
-
-
-def test_a_state_for_another_model_is_rejected(tmp_path):
-    model = T.Transformer(MIXED, seed=0)
-    other = T.Transformer(MIXED.replace(d_ff=40), seed=0)
-    T.save_train_state(T.init_train_state(model), tmp_path / "s.safetensors")
-    with pytest.raises(ValueError, match="moment 'm.encoder.layers.0.ffn.w_1'"):
-        T.load_train_state(tmp_path / "s.safetensors", other)
-    with pytest.raises(ValueError, match="train state: m.encoder.layers.0.ffn.w_1 has shape"):
-        T.train_step(other, T.init_train_state(model), SRC, TGT_IN, TGT_OUT)
-    pre_ln = T.Transformer(MIXED.replace(norm_first=True), seed=0)
-    with pytest.raises(ValueError, match="m's parameter 25 is 'decoder.layers.0.self_attn.w_q', the model's is "
-                                         "'encoder.final_norm.scale'"):
-        T.train_step(pre_ln, T.init_train_state(model), SRC, TGT_IN, TGT_OUT)
-    with pytest.raises(ValueError, match="not a train state file"):
-        T.load_train_state(tmp_path / "missing.safetensors", model)
 
 
 # ----------------------------------------------------------------- bad input

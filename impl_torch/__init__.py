@@ -1,10 +1,11 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in PyTorch, conforming to the aiayn spec.
 
-Paper-exact (post-LN, sinusoidal positions, one embedding shared by source, target and output projection) and
-bf16 by the contract of ``spec.numerics``: bf16 parameters and activations, fp32 accumulation, fp32 attention
-scores and softmax, float32 logits. CPU and CUDA; float32 on request (``config.dtype``). Parameters stored in
-another dtype (``config.param_dtype``) are cast to ``config.dtype`` where they are read (rule 0). The public API
-is the common one of ``spec.api``::
+Paper-exact by default (post-LN, ReLU, sinusoidal positions, one embedding shared by source, target and output
+projection; the options of ``spec.config`` give published checkpoints' layers: activation, attention and logits
+biases, positions, embedding scale) and bf16 by the contract of ``spec.numerics``: bf16 parameters and activations,
+fp32 accumulation, fp32 attention scores and softmax, float32 logits. CPU and CUDA; float32 on request
+(``config.dtype``). Parameters stored in another dtype (``config.param_dtype``) are cast to ``config.dtype`` where
+they are read (rule 0). The public API is the common one of ``spec.api``::
 
     import spec
     import impl_torch as T

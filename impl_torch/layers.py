@@ -191,8 +191,8 @@ def activation(h: Tensor, name: str) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; ``act`` of ``activation``, the paper's ReLU by default):
-    (B, L, D) -> (B, L, D), hidden (B, L, F)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; ``act`` an ``activation`` name, ``config.activation``: the
+    paper's ReLU by default): (B, L, D) -> (B, L, D), hidden (B, L, F)."""
 
     def __init__(self, config: Config, act: str, device: torch.device | str | None = None, *,
                  native_bf16: bool = False):

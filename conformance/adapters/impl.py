@@ -133,7 +133,8 @@ class ImplModel:
     def run_layer(self, layer, prefix, inputs):
         c, layers = self.config, self.impl.layers
         if layer == "positional_encoding":
-            return {"pe": self.d.array(layers.positional_encoding(c.max_len, c.d_model))}
+            halves = c.positions == "sinusoidal_halves"
+            return {"pe": self.d.array(layers.positional_encoding(c.max_len, c.d_model, halves))}
         fn = LAYERS[layer]
         args = {k: self.d.tensor(v, self.model) for k, v in inputs.items()}
         module = self.modules.embedder if layer in ("embedding", "output_projection") else \

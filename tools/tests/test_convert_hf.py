@@ -25,6 +25,7 @@ from spec.golden_cases import random_tokens, valid_rows
 from spec.numerics import Numerics
 from text import cli
 from text.marian import MarianTokenizer
+from text.translate import host
 
 spm = pytest.importorskip("sentencepiece")
 torch = pytest.importorskip("torch")
@@ -68,7 +69,9 @@ def marian_model(tmp_path_factory):
     return folder, model
 
 
-WORDS = "the a cat dog sat ran on under mat table red blue quickly slowly and".split()
+WORDS = ("the a cat dog sat ran on under mat table red blue quickly slowly and bird fish green small large house "
+         "river tree window garden yellow happy quiet loud jumped walked over near behind with without morning "
+         "evening winter summer").split()
 
 
 def _marian_tokenizer(folder) -> None:
@@ -77,12 +80,12 @@ def _marian_tokenizer(folder) -> None:
     rng = np.random.default_rng(0)
     sentences = [" ".join(rng.choice(WORDS, rng.integers(3, 9))) for _ in range(300)]
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(folder / "spm"),
-                                   vocab_size=60, model_type="bpe", character_coverage=1.0, num_threads=1,
+                                   vocab_size=V, model_type="bpe", character_coverage=1.0, num_threads=1,
                                    minloglevel=2)
     for side in ("source", "target"):
         (folder / f"{side}.spm").write_bytes((folder / "spm.model").read_bytes())
-    pieces = [spm.SentencePieceProcessor(model_file=str(folder / "spm.model")).id_to_piece(i) for i in range(3, 60)]
-    vocab = {"</s>": 0, "<unk>": 1, **{p: i for i, p in enumerate(pieces[:V - 3], 2)}, "<pad>": V - 1}
+    pieces = [spm.SentencePieceProcessor(model_file=str(folder / "spm.model")).id_to_piece(i) for i in range(3, V)]
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i for i, p in enumerate(pieces, 2)}, "<pad>": V - 1}   # every id of V
     (folder / "vocab.json").write_text(json.dumps(vocab))
 
 
@@ -125,7 +128,7 @@ def test_a_marian_checkpoint_computes_transformers_logits_in_every_backend(backe
     exact, faithful = (ref.forward(P, src, tgt_in, config, Numerics(m)) for m in ("exact", "float32"))
     theirs = _marian_logits(hf_model, src, tgt_in, config.pad_id, config.pad_id)
     assert _judge(theirs, exact, faithful, tgt_in, config.pad_id).ok   # the conversion is the same function
-    ours = np.asarray(_impl(backend).from_params(config, params)(src, tgt_in))
+    ours = host(_impl(backend).from_params(config, params)(src, tgt_in))
     verdict = _judge(ours, exact, faithful, tgt_in, config.pad_id)
     assert verdict.ok, verdict.reason()
     assert np.abs(valid_rows(ours[..., :V] - theirs, tgt_in, config.pad_id)).max() < 1e-5
@@ -140,7 +143,7 @@ def test_a_marian_checkpoint_translates_as_transformers_does(backend, marian_mod
         theirs = hf_model.generate(torch.tensor(src), attention_mask=torch.tensor(src != config.pad_id),
                                    num_beams=1, do_sample=False, max_new_tokens=NEW, forced_eos_token_id=None,
                                    bad_words_ids=[[config.pad_id]]).numpy()[:, 1:]  # without the start token
-    ours = np.asarray(_impl(backend).greedy_search(_impl(backend).from_params(config, params), src, NEW))
+    ours = host(_impl(backend).greedy_search(_impl(backend).from_params(config, params), src, NEW))
     assert _margin(params, config, src, ours) > 1e-4                     # far above fp32 noise (~1e-6 here)
     width = max(ours.shape[1], theirs.shape[1])
     pad = lambda a: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=config.pad_id)  # noqa: E731
@@ -190,9 +193,9 @@ def test_a_gpt2_checkpoint_computes_and_continues_as_transformers_does(backend, 
     assert _lm_judge(theirs, params, config, tokens).ok
     impl = _impl(backend)
     model = impl.from_params(config, params)
-    verdict = _lm_judge(np.asarray(model(tokens)), params, config, tokens)
+    verdict = _lm_judge(host(model(tokens)), params, config, tokens)
     assert verdict.ok, verdict.reason()
-    ours = np.asarray(impl.generate(model, tokens, NEW, temperature=0.0))
+    ours = host(impl.generate(model, tokens, NEW, temperature=0.0))
     assert np.array_equal(ours, continued[:, :ours.shape[1]]) and ours.shape[1] == NEW
 
 

@@ -34,10 +34,10 @@ class ByteLevelBPE:
     """A trained byte-level BPE: ``encode`` text to ids and ``decode`` ids to text. Build one with ``train`` or
     ``load``."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer):
+    def __init__(self, tokenizer: tokenizers.Tokenizer, names: dict[str, str] | None = None):
         tokenizer.encode_special_tokens = True  # a reserved name written in the text is text, not the reserved id
         self._tok = tokenizer
-        ids = {name: tokenizer.token_to_id(NAMES[name]) for name in SPECIALS}
+        ids = {name: tokenizer.token_to_id((names or NAMES)[name]) for name in SPECIALS}
         self.pad_id, self.bos_id, self.eos_id = (ids[name] for name in SPECIALS)
 
     @property
@@ -77,6 +77,30 @@ class ByteLevelBPE:
             if want != have:
                 raise ValueError(f"{path}: the tokenizer's {have} differ from the config's {want}")
         return bpe
+
+    @classmethod
+    def from_gpt2(cls, folder: str | os.PathLike, config: Config) -> ByteLevelBPE:
+        """GPT-2's tokenizer (``vocab.json`` and ``merges.txt`` in ``folder``) for the model ``config`` that
+        ``spec.convert.gpt2`` made of the same checkpoint: EOS is its ``<|endoftext|>``, and the rows the
+        conversion appended for pad and BOS get reserved names.
+
+        Raises:
+            ValueError: naming a missing file, or a vocabulary that is not the config's less its appended rows.
+        """
+        folder = Path(folder)
+        files = [folder / "vocab.json", folder / "merges.txt"]
+        if not all(f.is_file() for f in files):
+            raise ValueError(f"{folder}: no vocab.json and merges.txt (GPT-2's tokenizer)")
+        tok = tokenizers.Tokenizer(models.BPE.from_file(*map(str, files)))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        V = tok.get_vocab_size()
+        appended = sorted((n for n in SPECIALS if getattr(config, n) >= V), key=lambda n: getattr(config, n))
+        if V + len(appended) != config.vocab_size or config.eos_id >= V:
+            raise ValueError(f"{files[0]}: {V} ids; the model has vocab_size {config.vocab_size} with "
+                             f"{len(appended)} appended rows and eos_id {config.eos_id}")
+        tok.add_special_tokens([NAMES[n] for n in appended])
+        return cls(tok, {n: NAMES[n] if n in appended else tok.id_to_token(getattr(config, n)) for n in SPECIALS})
 
     def save(self, path: str | os.PathLike) -> Path:
         self._tok.save(str(path))

@@ -24,6 +24,7 @@ from spec.convert import gpt2, marian
 from spec.golden_cases import random_tokens, valid_rows
 from spec.numerics import Numerics
 from text import cli
+from text.bpe import ByteLevelBPE
 from text.marian import MarianTokenizer
 from text.translate import host
 
@@ -243,4 +244,29 @@ def test_a_marian_folder_translates_from_the_command_line_as_transformers_does(b
     (tmp_path / "in.txt").write_text("\n".join(SENTENCES) + "\n")
     cli.main(["translate", "--backend", backend, "--marian", str(folder), "--beam", "1", "--input",
               str(tmp_path / "in.txt")])
-    assert capsys.readouterr().out.splitlines() == theirs_tokenizer.batch_decode(out, skip_special_tokens=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == theirs_tokenizer.batch_decode(out, skip_special_tokens=True) and all(lines)
+
+
+def test_a_gpt2_tokenizer_reads_text_as_transformers_does(tmp_path):
+    """vocab.json and merges.txt of a byte-level BPE with ``<|endoftext|>`` last, as GPT-2's folder holds them;
+    the config as ``spec.convert.gpt2`` converts such a checkpoint (pad and BOS appended)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, 8)) for _ in range(200)]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.model.save(str(tmp_path))
+    V, eot = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
+    config = spec.preset("lm_tiny", vocab_size=V + 2, pad_id=V, bos_id=V + 1, eos_id=eot)
+    ours = ByteLevelBPE.from_gpt2(tmp_path, config)
+    theirs = transformers.GPT2Tokenizer.from_pretrained(tmp_path)
+    for text in ["the cat sat on the mat", "  Grüße, 世界!\n\tdone"]:
+        assert ours.encode(text) == theirs(text).input_ids
+        assert ours.decode(ours.encode(text) + [eot, V]) == text
+    assert eot not in ours.encode("slowly<|endoftext|>")    # the name in a text is text, as text.bpe says
+    assert (ours.pad_id, ours.bos_id, ours.eos_id) == (V, V + 1, eot)

@@ -12,6 +12,7 @@ a ``recording`` block, by the name joined to the enclosing ``scope``s. Under ``j
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -73,37 +74,50 @@ def dropout(x: jax.Array, site: str, rate: float, rng: jax.Array | None) -> jax.
     return record(site, jnp.where(keep, x.astype(F32) / divisor, 0.0).astype(x.dtype))
 
 
-def positional_encoding(length: int, d_model: int) -> jax.Array:
+def positional_encoding(length: int, d_model: int, halves: bool = False) -> jax.Array:
     """Sinusoidal table (L, D) float32, interleaved sin/cos (section 3.5): ``PE[pos, 2i] = sin(pos /
-    10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``, computed on the host in float64 and rounded to fp32 (a
-    constant under ``jit``, as close to exact as fp32 holds)."""
+    10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``; with ``halves`` (``config.positions="sinusoidal_halves"``) the
+    D/2 sines first and the D/2 cosines after. Computed on the host in float64 and rounded to fp32 (a constant
+    under ``jit``, as close to exact as fp32 holds)."""
     pos = np.arange(length, dtype=np.float64)[:, None]            # (L, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]   # (1, D/2)
     angle = pos / 10000.0 ** (two_i / d_model)                    # (L, D/2)
-    pe = np.stack([np.sin(angle), np.cos(angle)], axis=-1)        # (L, D/2, 2)
+    pe = np.stack([np.sin(angle), np.cos(angle)], axis=-2 if halves else -1)  # (L, 2, D/2) or (L, D/2, 2)
     return jnp.asarray(pe.reshape(length, d_model), F32)          # (L, D)
 
 
 class Embedder(Module):
-    """The token embedding E (V, D), shared by both stacks and the output projection (section 3.4)."""
+    """The token embedding E (V, D), shared by both stacks and the output projection (section 3.4); the learned
+    positions (``config.positions="learned"``) and the logits' bias (``config.logits_bias``), else None."""
 
     table: jax.Array                                              # (V, D)
+    positions: jax.Array | None                                   # (max_len, D)
+    bias: jax.Array | None                                        # (V,)
     config: Config = dataclasses.field(metadata={"static": True})
 
     def __init__(self, params: dict[str, jax.Array], config: Config):
-        vars(self).update(table=params["embedding"], config=config)
+        vars(self).update(table=params["embedding"], positions=params.get("position_embedding"),
+                          bias=params.get("logits_bias"), config=config)
 
     def encode(self, ids: jax.Array, start: jax.Array | int = 0) -> jax.Array:
-        """``E[ids] * sqrt(D) + PE[start:start+L]`` in fp32, rounded once to ``config.dtype``: ids (B, L) int,
-        already validated (JAX clamps out-of-range gathers silently), ``start`` may be traced -> (B, L, D)."""
+        """``E[ids] * sqrt(D) + PE[start:start+L]`` in fp32 (times 1 without ``config.scale_embedding``; PE the
+        sinusoidal table in ``config.positions``' layout or the learned rows), rounded once to ``config.dtype``:
+        ids (B, L) int, already validated (JAX clamps out-of-range gathers silently), ``start`` may be traced ->
+        (B, L, D)."""
         c = self.config
-        pe = lax.dynamic_slice_in_dim(positional_encoding(c.max_len, c.d_model), start, ids.shape[1])  # (L, D)
-        x = self.table[ids].astype(F32) * jnp.asarray(np.sqrt(c.d_model), F32)                       # (B, L, D)
+        if self.positions is None:
+            table = positional_encoding(c.max_len, c.d_model, c.positions == "sinusoidal_halves")
+        else:
+            table = self.positions.astype(F32)
+        pe = lax.dynamic_slice_in_dim(table, start, ids.shape[1])                                      # (L, D)
+        x = self.table[ids].astype(F32)                                                                # (B, L, D)
+        if c.scale_embedding:
+            x = x * jnp.asarray(np.sqrt(c.d_model), F32)
         return (x + pe).astype(c.dtype)
 
     def decode(self, x: jax.Array) -> jax.Array:
-        """The tied output projection x E^T: (B, L, D) -> logits (B, L, V) float32."""
-        return numerics.logits(x, self.table)
+        """The tied output projection x E^T (plus the logits' bias): (B, L, D) -> logits (B, L, V) float32."""
+        return numerics.logits(x, self.table, self.bias)
 
 
 def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -119,44 +133,62 @@ def scaled_dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask:
 
 
 class MultiHeadAttention(Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2)."""
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2); with ``config.attention_bias`` each
+    projection adds its bias (``b_q``.. ``b_o``, else None) before its rounding."""
 
     w_q: jax.Array                                                    # (D, H, K)
+    b_q: jax.Array | None                                             # (H, K)
     w_k: jax.Array                                                    # (D, H, K)
+    b_k: jax.Array | None                                             # (H, K)
     w_v: jax.Array                                                    # (D, H, C)
+    b_v: jax.Array | None                                             # (H, C)
     w_o: jax.Array                                                    # (H, C, D)
+    b_o: jax.Array | None                                             # (D,)
 
     def __init__(self, params: dict[str, jax.Array], name: str):
         vars(self).update({w: params[f"{name}.{w}"] for w in ("w_q", "w_k", "w_v", "w_o")})
+        vars(self).update({b: params.get(f"{name}.{b}") for b in ("b_q", "b_k", "b_v", "b_o")})
 
     def project_kv(self, x: jax.Array) -> KV:
         """Keys and values of x (B, M, D), heads-major as the KV cache holds them: k (B, H, M, K), v (B, H, M, C)."""
-        k = numerics.linear(x, self.w_k)                              # (B, M, H, K)
-        v = numerics.linear(x, self.w_v)                              # (B, M, H, C)
+        k = numerics.linear(x, self.w_k, self.b_k)                    # (B, M, H, K)
+        v = numerics.linear(x, self.w_v, self.b_v)                    # (B, M, H, C)
         return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def forward(self, x: jax.Array, kv: KV, mask: jax.Array) -> jax.Array:
         """Queries of x (B, L, D) attend over the projected ``kv`` (``project_kv``: this input's, the cache's or
         the encoder output's) under mask (B|1, 1, L|1, M) -> (B, L, D)."""
-        q = numerics.linear(x, self.w_q)                              # (B, L, H, K)
+        q = numerics.linear(x, self.w_q, self.b_q)                    # (B, L, H, K)
         o = scaled_dot_product_attention(q, *kv, mask)                # (B, L, H, C)
-        return numerics.linear(o.reshape(*o.shape[:2], -1), self.w_o.reshape(-1, self.w_o.shape[-1]))
+        return numerics.linear(o.reshape(*o.shape[:2], -1), self.w_o.reshape(-1, self.w_o.shape[-1]), self.b_o)
+
+
+def activation(h: jax.Array, name: str) -> jax.Array:
+    """The FFN's nonlinearity ``config.activation`` (``spec.config.ACTIVATIONS``) of the rounded hidden units h
+    (B, L, F): computed in fp32 and rounded once to h's dtype; ReLU, exact in any dtype, on h as it is."""
+    if name == "relu":
+        return jax.nn.relu(h)
+    fn = {"gelu": functools.partial(jax.nn.gelu, approximate=False),   # x Phi(x), with erf
+          "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True), "silu": jax.nn.silu}[name]
+    return fn(h.astype(F32)).astype(h.dtype)
 
 
 class FeedForward(Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2), each product rounded once after its bias."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; act ``config.activation``, the paper's ReLU by default),
+    each product rounded once after its bias."""
 
     w_1: jax.Array                                                    # (D, F)
     b_1: jax.Array                                                    # (F,)
     w_2: jax.Array                                                    # (F, D)
     b_2: jax.Array                                                    # (D,)
+    act: str = dataclasses.field(metadata={"static": True})
 
-    def __init__(self, params: dict[str, jax.Array], name: str):
-        vars(self).update({w: params[f"{name}.{w}"] for w in ("w_1", "b_1", "w_2", "b_2")})
+    def __init__(self, params: dict[str, jax.Array], name: str, act: str):
+        vars(self).update({w: params[f"{name}.{w}"] for w in ("w_1", "b_1", "w_2", "b_2")}, act=act)
 
     def forward(self, x: jax.Array) -> jax.Array:
         """x (B, L, D) -> (B, L, D); the hidden layer (B, L, F)."""
-        h = jax.nn.relu(numerics.linear(x, self.w_1, self.b_1))      # exact in any dtype
+        h = activation(numerics.linear(x, self.w_1, self.b_1), self.act)
         return numerics.linear(h, self.w_2, self.b_2)
 
 
@@ -250,4 +282,5 @@ def _sublayers(params: dict[str, jax.Array], name: str, config: Config, attentio
     for a in attentions:
         fields[a] = MultiHeadAttention(params, f"{name}.{a}")
         fields[f"{a}_norm"] = LayerNorm(params, f"{name}.{a}_norm", eps)
-    return fields | {"ffn": FeedForward(params, f"{name}.ffn"), "ffn_norm": LayerNorm(params, f"{name}.ffn_norm", eps)}
+    return fields | {"ffn": FeedForward(params, f"{name}.ffn", config.activation),
+                     "ffn_norm": LayerNorm(params, f"{name}.ffn_norm", eps)}

@@ -60,10 +60,11 @@ def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Arr
     return y.astype(x.dtype).reshape(*lead, *w.shape[1:])
 
 
-def logits(x: jax.Array, table: jax.Array) -> jax.Array:
-    """The tied output projection x E^T (section 3.4): x (B, T, D), table (V, D) -> (B, T, V) float32, never
-    rounded."""
-    return matmul_f32("bnd,vd->bnv", x, table)
+def logits(x: jax.Array, table: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """The tied output projection x E^T (section 3.4), plus ``bias`` in fp32: x (B, T, D), table (V, D), bias (V)
+    -> (B, T, V) float32, never rounded (rule 7)."""
+    y = matmul_f32("bnd,vd->bnv", x, table)
+    return y if bias is None else y + bias.astype(F32)
 
 
 def matmul_f32(eq: str, a: jax.Array, b: jax.Array) -> jax.Array:

@@ -43,12 +43,17 @@ def save_weights(model: Transformer | LanguageModel, path: str | os.PathLike) ->
     weights_io.save_weights(path, model.config, params_of(model))
 
 
+# The embedder's key paths -> canonical names (``impl_jax.layers.Embedder``'s fields are the reference's).
+_EMBEDDER = {"embedder.table": "embedding", "embedder.positions": "position_embedding", "embedder.bias": "logits_bias"}
+
+
 def canonical(tree: Module) -> dict[str, jax.Array]:
     """A model-shaped pytree (the model, its gradient) as ``{canonical name: leaf}`` in the order of
-    ``spec.schema.param_specs``: the key paths are the canonical names, but for the embedder's table, "embedding"."""
+    ``spec.schema.param_specs``: the key paths are the canonical names, but for the embedder's (``_EMBEDDER``)."""
     order = {s.name: i for i, s in enumerate(param_specs(tree.config))}
-    flat = {jax.tree_util.keystr(path, simple=True, separator=".").replace("embedder.table", "embedding"): x
-            for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+    paths = ((jax.tree_util.keystr(path, simple=True, separator="."), x)
+             for path, x in jax.tree_util.tree_leaves_with_path(tree))
+    flat = {_EMBEDDER.get(path, path): x for path, x in paths}
     return dict(sorted(flat.items(), key=lambda item: order.get(item[0], len(order))))
 
 

@@ -168,9 +168,18 @@ def activation(h: jax.Array, name: str) -> jax.Array:
     (B, L, F): computed in fp32 and rounded once to h's dtype; ReLU, exact in any dtype, on h as it is."""
     if name == "relu":
         return jax.nn.relu(h)
-    fn = {"gelu": functools.partial(jax.nn.gelu, approximate=False),   # x Phi(x), with erf
-          "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True), "silu": jax.nn.silu}[name]
-    return fn(h.astype(F32)).astype(h.dtype)
+    return _ACTIVATIONS[name](h.astype(F32)).astype(h.dtype)
+
+
+def _gelu_tanh(x: jax.Array) -> jax.Array:
+    """GELU's tanh approximation as x sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh(z)) without
+    the cancellation of 1 + tanh(z) for negative x (``jax.nn.gelu``'s), which lost fp32 bits a bf16 rounding saw."""
+    return x * jax.nn.sigmoid(jnp.asarray(2 * np.sqrt(2 / np.pi), F32) * (x + jnp.asarray(0.044715, F32) * x ** 3))
+
+
+# The FFN's activations but ReLU, on fp32 values. jax.nn.gelu's exact form is 0.5 x erfc(-x / sqrt(2)): accurate.
+_ACTIVATIONS = {"gelu": functools.partial(jax.nn.gelu, approximate=False), "gelu_tanh": _gelu_tanh,
+                "silu": jax.nn.silu}
 
 
 class FeedForward(Module):

@@ -9,13 +9,13 @@ import dataclasses
 
 import numpy as np
 
-from spec import backward, sampling, search, training
+from spec import backward, backward_layers, sampling, search, training
 from spec.numerics import MASKED_SCORE
 from spec.reference import layers, model
 from spec.reference.numerics import linear
 
 _ROOTS = {"layers": layers, "model": model, "search": search, "training": training, "backward": backward,
-          "sampling": sampling}
+          "backward_layers": backward_layers, "sampling": sampling}
 
 
 def resolve(path: str):
@@ -274,7 +274,7 @@ MUTANTS: dict[str, tuple] = {
                             ("training.loss_gradient", _loss_gradient_without_label_smoothing)),
     "padding_counted_in_loss": (("training.label_smoothed_cross_entropy", _loss_counting_padding),
                                 ("training.loss_gradient", _loss_gradient_counting_padding)),
-    "weight_gradients_in_bf16": ("backward._accumulate", _weight_gradients_in_bf16),
+    "weight_gradients_in_bf16": ("backward_layers.accumulate", _weight_gradients_in_bf16),
     "adam_beta2_0.999": ("training.adam_update", _adam_beta2_0999),
     "schedule_without_warmup": ("training.learning_rate", _schedule_without_warmup),
 }

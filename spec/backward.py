@@ -1,10 +1,10 @@
 """The gradient of the training loss: hand-written vector-Jacobian products of every layer, exact or faithful.
 
-Shares no code with any framework and none with ``spec.reference``'s forward: each function below recomputes its
-layer and returns ``(output, back)``, where ``back(d_output)`` adds the parameters' gradients into ``grads`` and
-returns the gradients of the layer's inputs. ``spec/tests`` checks the exact result against central finite
-differences of ``spec.reference.forward`` and ``spec.training``'s loss, and the faithful forward against
-``spec.reference``'s faithful forward bit for bit.
+Shares no code with any framework and none with ``spec.reference``'s forward: each function here and in
+``spec.backward_layers`` (one per layer) recomputes its layer or stack and returns ``(output, back)``, where
+``back(d_output)`` adds the parameters' gradients into ``grads`` and returns the gradients of its inputs.
+``spec/tests`` checks the exact result against central finite differences of ``spec.reference.forward`` and
+``spec.training``'s loss, and the faithful forward against ``spec.reference``'s faithful forward bit for bit.
 
 Numerics (``nx``, a ``spec.numerics.Numerics``). ``Numerics("exact")`` (the default) computes in float64 and never
 rounds: the float64 gradient every golden case stores. ``Numerics("float32")`` and ``Numerics("bfloat16")`` model
@@ -21,8 +21,9 @@ policy (``spec.tolerance.judge_training``) measures backends against, as the fai
 * Each VJP product is exact and rounded once at its output (what an fp32 accumulator gives at best), as the
   forward's matrix products are. A value used twice (the residual stream, x_kv for K and V, the encoder output in
   every cross-attention) gets each use's cotangent rounded and their sum rounded, as autodiff accumulates them.
-  Element-wise VJPs (ReLU's mask, the softmax and LayerNorm Jacobians) run exact on their rounded inputs and round
-  their output once: the fused kernel at its best.
+  Element-wise VJPs (ReLU's mask, a smooth activation's derivative, the softmax and LayerNorm Jacobians) run exact
+  on their rounded inputs and round their output once: the fused kernel at its best. A bias's gradient is its
+  output cotangent summed over batch and positions.
 * Parameter gradients are fp32 whatever ``dtype`` (mixed precision keeps fp32 master weights, ``spec.training``):
   each use's contribution rounded to fp32 and the running sum rounded to fp32.
 * The loss and d loss / d logits are computed exact from the fp32 logits and rounded to fp32 (rule 7).
@@ -39,108 +40,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from spec import backward_layers as layers
 from spec import reference as ref
 from spec import training, validate
 from spec.config import Config
-from spec.numerics import MASKED_SCORE, Numerics
+from spec.numerics import Numerics
 
 Params = dict[str, np.ndarray]
 Back = Callable[..., object]
 EXACT = Numerics("exact")
-
-
-def _accumulate(grads: Params, name: str, contribution: np.ndarray, nx: Numerics) -> None:
-    """``grads[name] += contribution``, the contribution and the sum rounded to fp32 (parameter gradients are
-    fp32); in exact mode the float64 sum itself."""
-    grads[name] = nx.acc(grads[name] + nx.acc(contribution))
-
-
-def embed(P: Params, grads: Params, ids: np.ndarray, c: Config, nx: Numerics = EXACT) -> tuple[np.ndarray, Back]:
-    """``E[ids] * sqrt(D) + PE`` (section 3.4, 3.5), rounded once (rule 3): (B, L) -> (B, L, D)."""
-    scale = nx.acc(np.sqrt(c.d_model))
-    pe = nx.acc(ref.layers.positional_encoding(ids.shape[1], c.d_model))      # (L, D)
-    x = nx.act(P["embedding"][ids] * scale + pe)                              # (B, L, D)
-
-    def back(dx: np.ndarray) -> None:
-        if nx.mode == "exact":  # scattered straight into the running sum: the float64 path's historical order
-            np.add.at(grads["embedding"], ids, dx * scale)
-            return
-        rows = np.zeros_like(grads["embedding"])                              # (V, D)
-        np.add.at(rows, ids, dx * scale)
-        _accumulate(grads, "embedding", rows, nx)
-    return x, back
-
-
-def attention(P: Params, grads: Params, prefix: str, x_q: np.ndarray, x_kv: np.ndarray,
-              mask: np.ndarray, nx: Numerics = EXACT) -> tuple[np.ndarray, Back]:
-    """Multi-head attention (equation 1, section 3.2.2; rule 4): (B, T, D), (B, S, D) -> (B, T, D)."""
-    wq, wk, wv, wo = (P[f"{prefix}.{n}"] for n in ("w_q", "w_k", "w_v", "w_o"))
-    scale = nx.acc(1.0 / np.sqrt(wq.shape[-1]))
-    q = nx.act(np.einsum("btd,dhk->bthk", x_q, wq))                          # (B, T, H, K)
-    k = nx.act(np.einsum("bsd,dhk->bshk", x_kv, wk))                         # (B, S, H, K)
-    v = nx.act(np.einsum("bsd,dhc->bshc", x_kv, wv))                         # (B, S, H, C)
-    scores = nx.acc(nx.acc(np.einsum("bthk,bshk->bhts", q, k)) * scale)      # (B, H, T, S) fp32
-    scores = np.where(mask, scores, MASKED_SCORE)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    probs = nx.acc(probs)                                                     # (B, H, T, S) fp32 softmax output
-    probs_act = nx.act(probs)                                                 # rounded before P V
-    o = nx.act(np.einsum("bhts,bshc->bthc", probs_act, v))                   # (B, T, H, C)
-    out = nx.act(np.einsum("bthc,hcd->btd", o, wo))                          # (B, T, D)
-
-    def back(dout: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        _accumulate(grads, f"{prefix}.w_o", np.einsum("bthc,btd->hcd", o, dout), nx)
-        do = nx.act(np.einsum("btd,hcd->bthc", dout, wo))                     # (B, T, H, C)
-        dprobs = nx.act(np.einsum("bthc,bshc->bhts", do, v))                  # (B, H, T, S)
-        dv = nx.act(np.einsum("bhts,bthc->bshc", probs_act, do))              # (B, S, H, C)
-        dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True))  # softmax's Jacobian, fp32 out
-        dscores = nx.acc(nx.acc(np.where(mask, nx.acc(dscores), 0.0)) * scale)
-        dq = nx.act(np.einsum("bhts,bshk->bthk", dscores, k))                 # (B, T, H, K)
-        dk = nx.act(np.einsum("bhts,bthk->bshk", dscores, q))                 # (B, S, H, K)
-        _accumulate(grads, f"{prefix}.w_q", np.einsum("btd,bthk->dhk", x_q, dq), nx)
-        _accumulate(grads, f"{prefix}.w_k", np.einsum("bsd,bshk->dhk", x_kv, dk), nx)
-        _accumulate(grads, f"{prefix}.w_v", np.einsum("bsd,bshc->dhc", x_kv, dv), nx)
-        dx_q = nx.act(np.einsum("bthk,dhk->btd", dq, wq))
-        dx_kv = nx.act(nx.act(np.einsum("bshk,dhk->bsd", dk, wk)) + nx.act(np.einsum("bshc,dhc->bsd", dv, wv)))
-        return dx_q, dx_kv
-    return out, back
-
-
-def feed_forward(P: Params, grads: Params, prefix: str, x: np.ndarray, nx: Numerics = EXACT
-                 ) -> tuple[np.ndarray, Back]:
-    """``max(0, x W_1 + b_1) W_2 + b_2`` (equation 2): (B, L, D) -> (B, L, D)."""
-    w1, b1, w2, b2 = (P[f"{prefix}.{n}"] for n in ("w_1", "b_1", "w_2", "b_2"))
-    h = nx.act(np.einsum("bld,df->blf", x, w1) + b1)                          # (B, L, F); einsum: see reference
-    a = np.maximum(h, 0.0)
-
-    def back(dy: np.ndarray) -> np.ndarray:
-        _accumulate(grads, f"{prefix}.w_2", np.einsum("blf,bld->fd", a, dy), nx)
-        _accumulate(grads, f"{prefix}.b_2", dy.sum((0, 1)), nx)
-        dh = nx.act(np.einsum("bld,fd->blf", dy, w2)) * (h > 0)               # (B, L, F); ReLU'(0) = 0
-        _accumulate(grads, f"{prefix}.w_1", np.einsum("bld,blf->df", x, dh), nx)
-        _accumulate(grads, f"{prefix}.b_1", dh.sum((0, 1)), nx)
-        return nx.act(np.einsum("blf,df->bld", dh, w1))
-    return nx.act(np.einsum("blf,fd->bld", a, w2) + b2), back
-
-
-def layer_norm(P: Params, grads: Params, prefix: str, x: np.ndarray, eps: float, nx: Numerics = EXACT
-               ) -> tuple[np.ndarray, Back]:
-    """LayerNorm over D with ``scale`` and ``bias``, fp32 inside, output rounded (rule 6): (B, L, D) -> (B, L, D)."""
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)                             # (B, L, 1)
-    inv_sigma = 1.0 / np.sqrt(var + eps)
-    xhat = (x - mu) * inv_sigma
-    # The faithful forward rounds spec.reference's own float64 expression, so the two agree bit for bit; exact
-    # mode keeps its historical one.
-    y = xhat * P[f"{prefix}.scale"] if nx.mode == "exact" else (x - mu) / np.sqrt(var + eps) * P[f"{prefix}.scale"]
-
-    def back(dy: np.ndarray) -> np.ndarray:
-        _accumulate(grads, f"{prefix}.scale", (dy * xhat).sum((0, 1)), nx)
-        _accumulate(grads, f"{prefix}.bias", dy.sum((0, 1)), nx)
-        dxhat = dy * P[f"{prefix}.scale"]
-        return nx.act(inv_sigma * (dxhat - dxhat.mean(-1, keepdims=True)
-                                   - xhat * (dxhat * xhat).mean(-1, keepdims=True)))
-    return nx.act(y + P[f"{prefix}.bias"]), back
 
 
 def sublayer(P: Params, grads: Params, prefix: str, name: str, x: np.ndarray, f: Callable, c: Config,
@@ -149,11 +57,11 @@ def sublayer(P: Params, grads: Params, prefix: str, name: str, x: np.ndarray, f:
     whose ``back`` returns dh. The residual sum is rounded (rule 5); so is x's cotangent, the sum of its two uses'."""
     norm = f"{prefix}.{name}_norm"
     if c.norm_first:
-        h, norm_back = layer_norm(P, grads, norm, x, c.layer_norm_eps, nx)
+        h, norm_back = layers.layer_norm(P, grads, norm, x, c.layer_norm_eps, nx)
         y, f_back = f(h)
         return nx.act(x + y), lambda dout: nx.act(dout + norm_back(f_back(dout)))
     y, f_back = f(x)
-    out, norm_back = layer_norm(P, grads, norm, nx.act(x + y), c.layer_norm_eps, nx)
+    out, norm_back = layers.layer_norm(P, grads, norm, nx.act(x + y), c.layer_norm_eps, nx)
 
     def back(dout: np.ndarray) -> np.ndarray:
         ds = norm_back(dout)
@@ -164,27 +72,27 @@ def sublayer(P: Params, grads: Params, prefix: str, name: str, x: np.ndarray, f:
 def self_attention(P: Params, grads: Params, prefix: str, mask: np.ndarray, nx: Numerics = EXACT) -> Callable:
     """``f`` for ``sublayer``: attention of h over itself; its back returns dh = dx_q + dx_kv (rounded)."""
     def f(h: np.ndarray) -> tuple[np.ndarray, Back]:
-        y, back = attention(P, grads, prefix, h, h, mask, nx)
+        y, back = layers.attention(P, grads, prefix, h, h, mask, nx)
         return y, lambda dy: nx.act(sum(back(dy)))
     return f
 
 
-def ffn(P: Params, grads: Params, prefix: str, nx: Numerics = EXACT) -> Callable:
-    return lambda h: feed_forward(P, grads, prefix, h, nx)
+def ffn(P: Params, grads: Params, prefix: str, act: str, nx: Numerics = EXACT) -> Callable:
+    return lambda h: layers.feed_forward(P, grads, prefix, h, act, nx)
 
 
 def encoder(P: Params, grads: Params, src: np.ndarray, c: Config, nx: Numerics = EXACT) -> tuple[np.ndarray, Back]:
     """Encoder stack (section 3.1): src (B, S) -> memory (B, S, D)."""
     mask = (src != c.pad_id)[:, None, None, :]                                # (B, 1, 1, S)
-    x, embed_back = embed(P, grads, src, c, nx)
+    x, embed_back = layers.embed(P, grads, src, c, nx)
     backs = [embed_back]
     for i in range(c.n_encoder_layers):
         p = f"encoder.layers.{i}"
         x, b1 = sublayer(P, grads, p, "self_attn", x, self_attention(P, grads, f"{p}.self_attn", mask, nx), c, nx)
-        x, b2 = sublayer(P, grads, p, "ffn", x, ffn(P, grads, f"{p}.ffn", nx), c, nx)
+        x, b2 = sublayer(P, grads, p, "ffn", x, ffn(P, grads, f"{p}.ffn", c.activation, nx), c, nx)
         backs += [b1, b2]
     if c.norm_first:
-        x, b = layer_norm(P, grads, "encoder.final_norm", x, c.layer_norm_eps, nx)
+        x, b = layers.layer_norm(P, grads, "encoder.final_norm", x, c.layer_norm_eps, nx)
         backs.append(b)
     return x, _chain(backs)
 
@@ -197,7 +105,7 @@ def decoder(P: Params, grads: Params, tgt_in: np.ndarray, memory: np.ndarray, sr
     self_mask = np.tril(np.ones((T, T), bool))[None, None] & (tgt_in != c.pad_id)[:, None, None, :]  # (B,1,T,T)
     memory_mask = None if src is None else (src != c.pad_id)[:, None, None, :]  # (B, 1, 1, S)
     dmemory = None if memory is None else np.zeros_like(memory)
-    y, embed_back = embed(P, grads, tgt_in, c, nx)
+    y, embed_back = layers.embed(P, grads, tgt_in, c, nx)
     backs = [embed_back]
     for i in range(c.n_decoder_layers):
         p = f"decoder.layers.{i}"
@@ -208,16 +116,18 @@ def decoder(P: Params, grads: Params, tgt_in: np.ndarray, memory: np.ndarray, sr
             y, b2 = sublayer(P, grads, p, "cross_attn", y,
                              _cross(P, grads, f"{p}.cross_attn", memory, memory_mask, dmemory, nx), c, nx)
             backs.append(b2)
-        y, b3 = sublayer(P, grads, p, "ffn", y, ffn(P, grads, f"{p}.ffn", nx), c, nx)
+        y, b3 = sublayer(P, grads, p, "ffn", y, ffn(P, grads, f"{p}.ffn", c.activation, nx), c, nx)
         backs.append(b3)
     if c.norm_first:
-        y, b = layer_norm(P, grads, "decoder.final_norm", y, c.layer_norm_eps, nx)
+        y, b = layers.layer_norm(P, grads, "decoder.final_norm", y, c.layer_norm_eps, nx)
         backs.append(b)
-    logits = nx.acc(np.einsum("btd,vd->btv", y, P["embedding"]))             # (B, T, V) fp32, tied (section 3.4)
+    logits = nx.acc(np.einsum("btd,vd->btv", y, P["embedding"]) + P.get("logits_bias", 0.0))  # (B, T, V) fp32, tied
     stack_back = _chain(backs)
 
     def back(dlogits: np.ndarray) -> np.ndarray:
-        _accumulate(grads, "embedding", np.einsum("btv,btd->vd", dlogits, y), nx)
+        layers.accumulate(grads, "embedding", np.einsum("btv,btd->vd", dlogits, y), nx)
+        if c.logits_bias:
+            layers.accumulate(grads, "logits_bias", dlogits.sum((0, 1)), nx)
         stack_back(nx.act(np.einsum("btv,vd->btd", dlogits, P["embedding"])))
         return dmemory
     return logits, back
@@ -227,7 +137,7 @@ def _cross(P: Params, grads: Params, prefix: str, memory: np.ndarray, memory_mas
            dmemory: np.ndarray, nx: Numerics = EXACT) -> Callable:
     """``f`` for ``sublayer``: attention over the encoder output; accumulates d memory into ``dmemory``."""
     def f(h: np.ndarray) -> tuple[np.ndarray, Back]:
-        y, back = attention(P, grads, prefix, h, memory, memory_mask, nx)
+        y, back = layers.attention(P, grads, prefix, h, memory, memory_mask, nx)
 
         def f_back(dy: np.ndarray) -> np.ndarray:
             dh, dmem = back(dy)
@@ -256,8 +166,8 @@ def loss_and_gradients(params: dict[str, np.ndarray], src: np.ndarray, tgt_in: n
     holding fp32 values).
 
     Raises:
-        ValueError: from ``spec.validate.check_forward`` and ``check_paper_options``, if tgt_out's shape differs from
-            tgt_in's, or if ``nx`` is a faithful mode but ``c.dtype`` (a bf16 backward of fp32 models nothing).
+        ValueError: from ``spec.validate.check_forward``, if tgt_out's shape differs from tgt_in's, or if ``nx`` is
+            a faithful mode other than ``c.dtype`` (a bf16 backward of an fp32 forward models nothing).
     """
     return gradients_at(ref.as_float64(params, c), src, tgt_in, tgt_out, c, label_smoothing, nx)
 
@@ -270,7 +180,6 @@ def gradients_at(P: Params, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.nda
     values, and ``as_float64`` would round them to ``c.dtype``. Same arguments, result and errors otherwise; with
     a decoder-only config ``src`` is None and tgt_in is the model's input tokens.
     """
-    validate.check_paper_options(c, "spec.backward")
     src, tgt_in, tgt_out = None if c.decoder_only else np.asarray(src), np.asarray(tgt_in), np.asarray(tgt_out)
     validate.check_tokens("tokens", tgt_in, c) if src is None else validate.check_forward(src, tgt_in, c)
     validate.check_tokens("tgt_out", tgt_out, c)

@@ -244,13 +244,3 @@ def check_cache_size(batch: int, capacity: int, c: Config) -> None:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
     check_capacity(capacity, c)
 
-
-def check_paper_options(c: Config, what: str) -> None:
-    """Raise ``ValueError`` naming each checkpoint option of ``c`` (``spec.config``) set away from the paper's
-    choice, for ``what`` that covers the paper's layers only."""
-    paper = Config(**{f: getattr(c, f) for f in ("vocab_size", "d_model", "n_heads", "d_k", "d_v", "d_ff",
-                                                 "n_encoder_layers", "n_decoder_layers", "max_len", "dropout")})
-    changed = [f"{f}={getattr(c, f)!r}" for f in ("activation", "attention_bias", "logits_bias", "positions",
-                                                  "scale_embedding") if getattr(c, f) != getattr(paper, f)]
-    if changed:
-        raise ValueError(f"{what} covers the paper's layers only; the config sets {', '.join(changed)}")

@@ -19,7 +19,13 @@ TGT_OUT = np.array([[4, 5, 6, 2, 0], [7, 8, 9, 10, 2]])               # (B, T), 
 FP32, MIXED = TINY.replace(dtype="float32", param_dtype="float32"), TINY.replace(param_dtype="float32")
 
 
-@pytest.mark.parametrize("c", [FP32, MIXED, FP32.replace(norm_first=True)], ids=["fp32", "mixed", "fp32_pre_ln"])
+MARIAN = dict(activation="silu", attention_bias=True, logits_bias=True, positions="sinusoidal_halves")
+GPT2ISH = dict(activation="gelu_tanh", attention_bias=True, positions="learned", scale_embedding=False, norm_first=True)
+
+
+@pytest.mark.parametrize("c", [FP32, MIXED, FP32.replace(norm_first=True), MIXED.replace(**MARIAN),
+                               MIXED.replace(**GPT2ISH), FP32.replace(**{**GPT2ISH, "activation": "gelu"})],
+                         ids=["fp32", "mixed", "fp32_pre_ln", "mixed_marian", "mixed_gpt2", "fp32_gelu"])
 def test_faithful_forward_is_the_reference_forward_bit_for_bit(c):
     """The backward's own forward rounds where spec.reference does: the gradient is of the faithful model."""
     P, nx = ref.as_float64(init_params(c, 5, observable=True), c), Numerics(c.dtype)

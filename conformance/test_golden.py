@@ -105,12 +105,16 @@ def test_golden_train(case, model_for, record, record_property):
     batches = golden_training.batches_of(case.inputs)
     c, params = golden_cases.case_params(case.meta, case.params)
     result = model_for(case).train(batches, TrainConfig(**t["train_config"]), record_after=(1, t["steps"]))
+    exact, faithful, undecided = golden_training.runs(params, batches, c)
     if c.dtype == "bfloat16":  # mixed precision: fp32 weight gradients, not bf16 ones (spec.agreement)
-        representable = {n: agreement.bf16_representable(g) for n, g in result["grad"].items() if np.ndim(g) >= 2}
+        # Judged where the ideal's own share is under the bound: a gradient that is 0 in exact arithmetic (b_k:
+        # softmax ignores a constant added to a query's scores) is cancellation residue, often exactly 0.
+        judged = [n for n, g in faithful["grad"].items()
+                  if np.ndim(g) >= 2 and agreement.bf16_representable(g) <= agreement.BF16_GRADIENT_MAX]
+        representable = {n: agreement.bf16_representable(result["grad"][n]) for n in judged}
         record_property("bf16_representable", representable)
         rounded = {n: round(f, 3) for n, f in representable.items() if f > agreement.BF16_GRADIENT_MAX}
         assert not rounded, f"fp32 weight gradients rounded to bf16 (the share of bf16 values): {rounded}"
-    exact, _, undecided = golden_training.runs(params, batches, c)
     stored = golden_training.stored(exact, undecided, golden_training.CASES[case.name])
     assert all(np.array_equal(stored[k], v) for k, v in case.expected.items()), "the spec no longer gives the case"
     record(golden_training.judge(case.meta, exact, undecided, result))

@@ -136,6 +136,10 @@ TRAIN_CASES = (
     # decoder-only, next-token prediction on tokens (B, T + 1) (S unused)
     TrainCase("lm_train_tiny_float32", "lm_tiny", "float32", 23, 3, 0, 9, (1.0, 1), (1 / 16, 16)),
     TrainCase("lm_train_tiny_bfloat16_params_float32", "lm_tiny", "bfloat16", 23, 3, 0, 9, (1 / 4, 16), (1 / 16, 16)),
+    # the checkpoint options of spec.config: Marian's layers in mixed precision, GPT-2's in fp32
+    TrainCase("train_tiny_marian_bfloat16_params_float32", "tiny_marian", "bfloat16", 24, 3, 9, 8, (1 / 4, 16),
+              (1 / 16, 16)),
+    TrainCase("lm_train_tiny_gpt2_float32", "lm_tiny_gpt2", "float32", 25, 3, 0, 9, (1.0, 1), (1 / 16, 16)),
 )
 CASES = {case.name: case for case in TRAIN_CASES}
 

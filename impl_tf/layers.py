@@ -44,40 +44,52 @@ def dropout(x: tf.Tensor, site: str, rate: float, rng: tf.Tensor | None) -> tf.T
     return record(site, tf.where(keep, tf.cast(tf.cast(x, tf.float32) / divisor, x.dtype), tf.zeros_like(x)))
 
 
-def positional_encoding(length: int, d_model: int) -> tf.Tensor:
+def positional_encoding(length: int, d_model: int, halves: bool = False) -> tf.Tensor:
     """Sinusoidal table (L, D) float32 (section 3.5), interleaved, positions from 0.
 
     ``PE[pos, 2i] = sin(pos / 10000^(2i/D))``, ``PE[pos, 2i+1] = cos(...)``; computed in float64 and rounded to
-    float32 once, so the table is the exact one rounded.
+    float32 once, so the table is the exact one rounded. With ``halves`` (``config.positions="sinusoidal_halves"``)
+    the same D/2 sines fill the first half and the cosines the second.
     """
     pos = tf.range(length, dtype=tf.float64)[:, None]             # (L, 1)
     two_i = tf.range(0, d_model, 2, dtype=tf.float64)[None, :]    # (1, D/2)
     angle = pos / 10000.0 ** (two_i / d_model)                    # (L, D/2)
+    if halves:
+        return tf.cast(tf.concat([tf.sin(angle), tf.cos(angle)], axis=1), tf.float32)
     pe = tf.stack([tf.sin(angle), tf.cos(angle)], axis=-1)        # (L, D/2, 2): sin, cos interleaved
     return tf.cast(tf.reshape(pe, [length, d_model]), tf.float32)
 
 
 class Embedder(tf.Module):
     """The shared embedding table (V, D): ``E[ids] * sqrt(D) + PE`` on the way in (sections 3.4, 3.5), the tied
-    output projection ``h E^T`` on the way out (section 3.4)."""
+    output projection ``h E^T`` on the way out (section 3.4).
+
+    The config's options: ``positions`` picks PE, the paper's interleaved sinusoids, their halves layout, or the
+    learned table ``positions`` (max_len, D); without ``scale_embedding`` the factor sqrt(D) is 1; with
+    ``logits_bias`` the bias ``bias`` (V) is added to the logits. ``positions`` and ``bias`` are None when absent.
+    """
 
     def __init__(self, c: Config, params: dict[str, np.ndarray]):
         super().__init__(name="embedder")
         self.table = tf.Variable(params["embedding"], name="embedding", trainable=True)  # (V, D) in param_dtype
+        self.positions, self.bias = _optional_variables(params, "", "position_embedding", "logits_bias")
         self.dtype = tf.as_dtype(c.dtype)                                 # the activation dtype, from the config
-        self.pe = positional_encoding(c.max_len, c.d_model)               # (max_len, D) fp32
-        self.scale = tf.constant(math.sqrt(c.d_model), tf.float32)
+        self.pe = None if self.positions is not None else positional_encoding(  # (max_len, D) fp32
+            c.max_len, c.d_model, c.positions == "sinusoidal_halves")
+        self.scale = tf.constant(math.sqrt(c.d_model), tf.float32) if c.scale_embedding else None
 
     def encode(self, ids: tf.Tensor, start: tf.Tensor | int = 0) -> tf.Tensor:
         """ids (B, L) int at positions ``start...`` -> (B, L, D), the fp32 sum rounded once to the activation dtype."""
-        rows = round_to(tf.gather(self.table, ids), self.dtype)                  # rule 0: in the activation dtype
-        x = rows * self.scale                                                    # (B, L, D) fp32
-        pe = tf.gather(self.pe, start + tf.range(tf.shape(ids)[1]))              # (L, D) fp32
-        return tf.cast(x + pe, self.dtype)
+        x = round_to(tf.gather(self.table, ids), self.dtype)                     # (B, L, D) fp32, rule 0
+        if self.scale is not None:
+            x *= self.scale
+        at = start + tf.range(tf.shape(ids)[1])                                  # (L,) positions
+        pe = tf.gather(self.pe, at) if self.positions is None else round_to(tf.gather(self.positions, at), self.dtype)
+        return tf.cast(x + pe, self.dtype)                                       # pe (L, D) fp32
 
     def decode(self, x: tf.Tensor) -> tf.Tensor:
         """(B, L, D) -> logits (B, L, V) float32, never rounded."""
-        return logits(x, self.table)
+        return logits(x, self.table, self.bias)
 
 
 def scaled_dot_product_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
@@ -103,35 +115,52 @@ def scaled_dot_product_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask:
 
 
 class MultiHeadAttention(tf.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2), no biases.
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2), no biases but with
+    ``config.attention_bias``, where each projection adds its bias.
 
-    Variables ``w_q``, ``w_k`` (D, H, K), ``w_v`` (D, H, C), ``w_o`` (H, C, D).
+    Variables ``w_q``, ``w_k`` (D, H, K), ``w_v`` (D, H, C), ``w_o`` (H, C, D); biases ``b_q``, ``b_k`` (H, K),
+    ``b_v`` (H, C), ``b_o`` (D), None when absent.
     """
 
     def __init__(self, params: dict[str, np.ndarray], path: str):
         super().__init__(name="multi_head_attention")
         self.w_q, self.w_k, self.w_v, self.w_o = _variables(params, path, "w_q", "w_k", "w_v", "w_o")
+        self.b_q, self.b_k, self.b_v, self.b_o = _optional_variables(params, f"{path}.", "b_q", "b_k", "b_v", "b_o")
 
     def project_kv(self, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Key and value projections, heads-major: x (B, M, D) -> k (B, H, M, K), v (B, H, M, C)."""
-        return tuple(tf.transpose(linear(x, w), [0, 2, 1, 3]) for w in (self.w_k, self.w_v))
+        return tuple(tf.transpose(linear(x, w, b), [0, 2, 1, 3]) for w, b in ((self.w_k, self.b_k),
+                                                                               (self.w_v, self.b_v)))
 
     def forward(self, x: tf.Tensor, kv: tuple[tf.Tensor, tf.Tensor], mask: tf.Tensor) -> tf.Tensor:
         """Queries from x (B, L, D) attend over ``project_kv``'s kv under mask (B, 1, L|1, M) -> (B, L, D)."""
-        q = linear(x, self.w_q)                                           # (B, L, H, K)
+        q = linear(x, self.w_q, self.b_q)                                 # (B, L, H, K)
         o = scaled_dot_product_attention(q, *kv, mask)                    # (B, L, H, C)
-        return linear(o, self.w_o, axes=2)                                # (B, L, D)
+        return linear(o, self.w_o, self.b_o, axes=2)                      # (B, L, D)
+
+
+def activation(h: tf.Tensor, name: str) -> tf.Tensor:
+    """The FFN's nonlinearity ``config.activation`` (``spec.config.ACTIVATIONS``) of the rounded hidden units
+    h (B, L, F): ReLU is exact in h's dtype; the others are computed in fp32 and rounded once to h's dtype."""
+    if name == "relu":
+        return tf.nn.relu(h)
+    fn = {"gelu": functools.partial(tf.nn.gelu, approximate=False),   # x Phi(x), by erf
+          "gelu_tanh": functools.partial(tf.nn.gelu, approximate=True),
+          "silu": tf.nn.silu}[name]                                    # x sigmoid(x)
+    return tf.cast(fn(tf.cast(h, tf.float32)), h.dtype)
 
 
 class FeedForward(tf.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2): (B, L, D) -> (B, L, D), hidden (B, L, F)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2, ``act`` the paper's ReLU by default, ``activation``):
+    (B, L, D) -> (B, L, D), hidden (B, L, F)."""
 
-    def __init__(self, params: dict[str, np.ndarray], path: str):
+    def __init__(self, params: dict[str, np.ndarray], path: str, act: str):
         super().__init__(name="feed_forward")
         self.w_1, self.b_1, self.w_2, self.b_2 = _variables(params, path, "w_1", "b_1", "w_2", "b_2")
+        self.act = act
 
     def forward(self, x: tf.Tensor) -> tf.Tensor:
-        h = tf.nn.relu(linear(x, self.w_1, self.b_1))                    # (B, L, F)
+        h = activation(linear(x, self.w_1, self.b_1), self.act)         # (B, L, F)
         return linear(h, self.w_2, self.b_2)                             # (B, L, D)
 
 
@@ -172,7 +201,7 @@ class EncoderLayer(tf.Module):
         self.norm_first, self.rate = c.norm_first, c.dropout
         attention, norm = functools.partial(MultiHeadAttention, params), functools.partial(LayerNorm, c, params)
         self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
-        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn"), norm(f"{path}.ffn_norm")
+        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn", c.activation), norm(f"{path}.ffn_norm")
 
     def forward(self, x: tf.Tensor, mask: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D); ``rng`` as ``dropout``'s."""
@@ -197,7 +226,7 @@ class DecoderLayer(tf.Module):
         self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
         self.cross_attn, self.cross_attn_norm = (None, None) if c.decoder_only else (
             attention(f"{path}.cross_attn"), norm(f"{path}.cross_attn_norm"))
-        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn"), norm(f"{path}.ffn_norm")
+        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn", c.activation), norm(f"{path}.ffn_norm")
 
     def forward(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], self_mask: tf.Tensor,
                 memory_kv: tuple[tf.Tensor, tf.Tensor] | None, memory_mask: tf.Tensor | None, start: tf.Tensor | int,
@@ -225,6 +254,12 @@ class DecoderLayer(tf.Module):
 def _variables(params: dict[str, np.ndarray], path: str, *names: str) -> list[tf.Variable]:
     """The canonical parameters ``path.name`` as tf.Variables of their stored dtype, named after them."""
     return [tf.Variable(params[f"{path}.{n}"], name=f"{path}.{n}", trainable=True) for n in names]
+
+
+def _optional_variables(params: dict[str, np.ndarray], prefix: str, *names: str) -> list[tf.Variable | None]:
+    """The parameters ``prefix + name`` that a config option adds, as ``_variables``; None for those it has not."""
+    return [tf.Variable(params[n], name=n, trainable=True) if n in params else None
+            for n in (prefix + name for name in names)]
 
 
 def residual_add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:

@@ -39,20 +39,21 @@ def round_to(p: tf.Tensor | tf.Variable, dtype: tf.DType) -> tf.Tensor:
 
 
 def linear(x: tf.Tensor, w: tf.Tensor, bias: tf.Tensor | None = None, *, axes: int = 1) -> tf.Tensor:
-    """The last ``axes`` axes of x contracted with the first of the parameter w, plus bias: fp32 accumulator,
-    rounded once to x's dtype (rule 2). x (..., N1..Na), w (N1..Na, M1..Mb) -> (..., M1..Mb), as
+    """The last ``axes`` axes of x contracted with the first of the parameter w, plus bias (M1..Mb): fp32
+    accumulator, rounded once to x's dtype (rule 2). x (..., N1..Na), w (N1..Na, M1..Mb) -> (..., M1..Mb), as
     ``np.tensordot(x, w, axes)``."""
     batch = tf.shape(x)[:-axes]
     y = matmul_f32(tf.reshape(x, tf.concat([batch, [-1]], 0)), tf.reshape(w, [math.prod(w.shape[:axes]), -1]))
     if bias is not None:
-        y += round_to(bias, x.dtype)
+        y += round_to(bias if bias.shape.rank == 1 else tf.reshape(bias, [-1]), x.dtype)  # as y's flat M1..Mb
     return tf.cast(tf.reshape(y, tf.concat([batch, w.shape[axes:]], 0)), x.dtype)
 
 
-def logits(x: tf.Tensor, table: tf.Tensor) -> tf.Tensor:
-    """The tied output product ``x E^T`` (section 3.4): x (B, L, D), table (V, D) -> (B, L, V) float32, never
-    rounded."""
-    return matmul_f32(x, table, transpose_b=True)
+def logits(x: tf.Tensor, table: tf.Tensor, bias: tf.Tensor | None = None) -> tf.Tensor:
+    """The tied output product ``x E^T`` (section 3.4), plus ``bias`` (V) entering in x's dtype (rule 0): x (B, L, D),
+    table (V, D) -> (B, L, V) float32, never rounded to x's dtype (rule 7)."""
+    y = matmul_f32(x, table, transpose_b=True)
+    return y if bias is None else y + round_to(bias, x.dtype)
 
 
 def matmul_f32(a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False) -> tf.Tensor:

@@ -20,10 +20,23 @@ from spec.recording import record, recording, scope
 BF16 = ml_dtypes.bfloat16
 
 
-def test_positional_encoding_is_the_exact_table_rounded_to_fp32():
-    pe = impl_tf.layers.positional_encoding(50, 32).numpy()
+@pytest.mark.parametrize("halves", [False, True], ids=["interleaved", "halves"])
+def test_positional_encoding_is_the_exact_table_rounded_to_fp32(halves):
+    pe = impl_tf.layers.positional_encoding(50, 32, halves).numpy()
     assert pe.dtype == np.float32
-    np.testing.assert_array_equal(pe, ref.positional_encoding(50, 32).astype(np.float32))
+    np.testing.assert_array_equal(pe, ref.positional_encoding(50, 32, halves).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_activation_is_the_exact_one_rounded_once(name):
+    """bf16 hidden units: ReLU exactly; the others in fp32, rounded once: within one bf16 ulp of the float64 value
+    rounded to bf16, up to an absolute 1e-6 (where the value is tiny, as fp32's tanh saturates)."""
+    h = np.random.default_rng(0).normal(0.0, 3.0, 4096).astype(BF16)
+    got = impl_tf.layers.activation(tf.constant(h), name).numpy()
+    want = ref.layers.activation(h.astype(np.float64), name, Numerics("bfloat16")).astype(BF16)
+    assert got.dtype == BF16
+    err, ulp = np.abs(got.astype(np.float64) - want), np.spacing(np.abs(want).astype(np.float32)) * 2.0**16
+    assert err.max() == 0.0 if name == "relu" else (err <= np.maximum(ulp, 1e-6)).all()
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])

@@ -30,6 +30,8 @@ F32 = spec.preset("tiny", dtype="float32", param_dtype="float32").replace(dropou
 MIXED = spec.preset("tiny", dtype="bfloat16", param_dtype="float32").replace(dropout=0.0)
 BF16 = spec.preset("tiny")  # pure bf16 (both dtypes), dropout 0.1
 TC = golden_training.TRAIN_CONFIG  # TrainConfig(warmup_steps=10): each step moves a weight visibly
+# Every parameter the checkpoint options add (spec.config): attention biases, learned positions, the logits bias.
+OPTIONS = dict(activation="gelu", attention_bias=True, logits_bias=True, positions="learned", scale_embedding=False)
 
 
 def _batches(c) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -119,16 +121,19 @@ def test_mixed_gradients_are_the_master_weights(params32):
 
 # ----------------------------------------------------------------- Adam
 
-def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16):
-    """Both dtypes bf16: the moments fp32, the updated weights bf16, every weight moved."""
+@pytest.mark.parametrize("options", [{}, OPTIONS], ids=["paper", "options"])
+def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16, options):
+    """Both dtypes bf16: the moments fp32, the updated weights bf16, every weight moved, the options' too but the
+    zero-initialised b_k, whose gradient is rounding noise (q . b_k adds alike to all of a query's scores)."""
     src, tgt_in, tgt_out = _copy_task()
     _restore(model_bf16, params_bf16)
-    state = impl_tf.init_train_state(model_bf16, TC)
-    impl_tf.train_step(model_bf16, state, src, tgt_in, tgt_out)
-    after = impl_tf.params_of(model_bf16)
+    model = impl_tf.Transformer(BF16.replace(**options), seed=0) if options else model_bf16
+    before, state = impl_tf.params_of(model), impl_tf.init_train_state(model, TC)
+    impl_tf.train_step(model, state, src, tgt_in, tgt_out)
+    after = impl_tf.params_of(model)
     assert all(m.dtype == tf.float32 for m in (*state.m.values(), *state.v.values()))
     assert all(str(p.dtype) == "bfloat16" for p in after.values())
-    assert all(not np.array_equal(after[k], params_bf16[k]) for k in after)
+    assert all(not np.array_equal(after[k], before[k]) for k in after if not k.endswith(".b_k"))
 
 
 # ----------------------------------------------------------------- dropout
@@ -202,22 +207,24 @@ def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16,
 
 # ----------------------------------------------------------------- the train-state file
 
-def test_save_and_load_continue_bit_for_bit(model_bf16, params_bf16, tmp_path):
+@pytest.mark.parametrize("options", [{}, OPTIONS], ids=["paper", "options"])
+def test_save_and_load_continue_bit_for_bit(model_bf16, params_bf16, options, tmp_path):
     """Going on from a saved and loaded state (dropout on: the RNG matters) gives the same weights, bit for bit."""
     src, tgt_in, tgt_out = _copy_task()
     _restore(model_bf16, params_bf16)
-    state = impl_tf.init_train_state(model_bf16, TC, seed=7)
-    impl_tf.train_step(model_bf16, state, src, tgt_in, tgt_out)
+    model = impl_tf.Transformer(BF16.replace(**options), seed=0) if options else model_bf16
+    state = impl_tf.init_train_state(model, TC, seed=7)
+    impl_tf.train_step(model, state, src, tgt_in, tgt_out)
     impl_tf.save_train_state(state, tmp_path / "state.safetensors")
-    weights = impl_tf.params_of(model_bf16)
-    impl_tf.train_step(model_bf16, state, src, tgt_in, tgt_out)
-    want = impl_tf.params_of(model_bf16)
+    weights = impl_tf.params_of(model)
+    impl_tf.train_step(model, state, src, tgt_in, tgt_out)
+    want = impl_tf.params_of(model)
 
-    _restore(model_bf16, weights)
-    loaded = impl_tf.load_train_state(tmp_path / "state.safetensors", model_bf16)
+    _restore(model, weights)
+    loaded = impl_tf.load_train_state(tmp_path / "state.safetensors", model)
     assert int(loaded.step) == 1 and loaded.train_config == TC
-    impl_tf.train_step(model_bf16, loaded, src, tgt_in, tgt_out)
-    got = impl_tf.params_of(model_bf16)
+    impl_tf.train_step(model, loaded, src, tgt_in, tgt_out)
+    got = impl_tf.params_of(model)
     assert all(want[k].tobytes() == got[k].tobytes() for k in want)
     assert all(np.array_equal(state.m[k].numpy(), loaded.m[k].numpy()) for k in state.m)
     np.testing.assert_array_equal(state.rng.state.numpy(), loaded.rng.state.numpy())

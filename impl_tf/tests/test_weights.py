@@ -3,6 +3,8 @@ and the spec's errors."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -30,6 +32,17 @@ def test_wrong_shape_is_named(config, tmp_path):
     params["decoder.layers.0.ffn.w_1"] = np.zeros((3, 3), params["embedding"].dtype)
     with pytest.raises(ValueError, match=r"parameter 'decoder\.layers\.0\.ffn\.w_1': expected shape"):
         impl_tf.from_params(config, params)
+
+
+def test_missing_option_parameter_is_named(config):
+    """The parameters config options add are required as every other, and refused without their option."""
+    c = config.replace(attention_bias=True, logits_bias=True, positions="learned")
+    params = init_params(c, 0)
+    for name in ("encoder.layers.0.self_attn.b_v", "position_embedding", "logits_bias"):
+        with pytest.raises(ValueError, match=re.escape(f"missing parameter '{name}'")):
+            impl_tf.from_params(c, {k: a for k, a in params.items() if k != name})
+    with pytest.raises(ValueError, match="unexpected parameter 'logits_bias'"):
+        impl_tf.from_params(config, {**init_params(config, 0), "logits_bias": params["logits_bias"]})
 
 
 def test_truncated_file_is_named(config, tmp_path):

@@ -88,7 +88,7 @@ class Embedder(tf.Module):
         return tf.cast(x + pe, self.dtype)                                       # pe (L, D) fp32
 
     def decode(self, x: tf.Tensor) -> tf.Tensor:
-        """(B, L, D) -> logits (B, L, V) float32, never rounded."""
+        """(B, L, D) -> logits (B, L, V) float32 (plus the logits bias, if any), never rounded."""
         return logits(x, self.table, self.bias)
 
 
@@ -115,8 +115,8 @@ def scaled_dot_product_attention(q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask:
 
 
 class MultiHeadAttention(tf.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2), no biases but with
-    ``config.attention_bias``, where each projection adds its bias.
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (section 3.2.2); the projections have no bias, as in the
+    paper, unless ``config.attention_bias``, where each adds its own.
 
     Variables ``w_q``, ``w_k`` (D, H, K), ``w_v`` (D, H, C), ``w_o`` (H, C, D); biases ``b_q``, ``b_k`` (H, K),
     ``b_v`` (H, C), ``b_o`` (D), None when absent.

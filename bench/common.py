@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 import spec
+from bench.verdict import MAX_ROUNDS
 from spec.config import Config
 from spec.training import TrainConfig, learning_rate
 
@@ -106,7 +107,7 @@ class Timing:
     def as_dict(self) -> dict[str, Any]:
         t = np.asarray(self.times_s)
         return {"first_s": self.first_s, "median_s": float(np.median(t)), "min_s": float(t.min()),
-                "max_s": float(t.max()), "repeats": len(t)}
+                "max_s": float(t.max()), "repeats": len(t), "times_s": [float(x) for x in t]}
 
 
 def measure(fn: Callable[[], Any], repeats: int, budget_s: float = 60.0) -> Timing:
@@ -114,13 +115,16 @@ def measure(fn: Callable[[], Any], repeats: int, budget_s: float = 60.0) -> Timi
     return measure_together([fn], repeats, budget_s)[0]
 
 
-def measure_together(fns: list[Callable[[], Any]], repeats: int, budget_s: float = 60.0) -> list[Timing]:
+def measure_together(fns: list[Callable[[], Any]], repeats: int, budget_s: float = 60.0,
+                     until: Callable[[list[list[float]]], bool] | None = None) -> list[Timing]:
     """Time functions that are to be compared, their repeats interleaved round-robin, so that drift of the
     machine (clock, cache, another process) weighs on each alike and their ratio holds.
 
     Each is called once first (its time is ``first_s``: compilation and the first run) and once more untimed
     (the first runs after compiling are slower: allocation, page faults); then up to ``repeats`` rounds, stopping
-    early (but after at least 3) once ``budget_s`` has passed.
+    early (but after at least 3) once ``budget_s`` has passed. With ``until`` (the seconds of each function's
+    rounds so far -> whether every verdict they feed is decided, ``bench.verdict.decided``), rounds go on until
+    it holds, up to ``bench.verdict.MAX_ROUNDS``.
     """
     first = []
     for fn in fns:
@@ -130,7 +134,8 @@ def measure_together(fns: list[Callable[[], Any]], repeats: int, budget_s: float
         fn()
     times: list[list[float]] = [[] for _ in fns]
     spent = 0.0
-    while len(times[0]) < repeats and (len(times[0]) < 3 or spent < budget_s):
+    while (len(times[0]) < repeats and (len(times[0]) < 3 or spent < budget_s)
+           or until is not None and len(times[0]) < MAX_ROUNDS and not until(times)):
         for fn, mine in zip(fns, times, strict=True):
             start = clock()
             fn()

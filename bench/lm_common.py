@@ -7,7 +7,7 @@ Framework-neutral (NumPy only). ``bench.lm_torch``, ``bench.lm_jax`` and ``bench
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -60,17 +60,3 @@ def capacity(config: Config, context: int, steps: int) -> int:
     """The cache capacity of a decode-step measurement: room for the longest context measured plus its steps, so
     the steps at a short context run in the same cache as the steps at the long one (as in one generation)."""
     return min(config.max_len, context + steps)
-
-
-def verdict(ratios: list[float], target: float, at_least: bool) -> str:
-    """"met" when every round's ratio meets the target, "not met" when none does, else "undecided": the spread of
-    the interleaved rounds covers the target, so this run cannot decide it."""
-    ok = [r >= target if at_least else r <= target for r in ratios]
-    return "met" if all(ok) else "not met" if not any(ok) else "undecided"
-
-
-def ratio_stats(a: list[float], b: list[float]) -> dict[str, Any]:
-    """a[i] / b[i] per round (the rounds interleave the subjects, so each pair saw the same machine state): the
-    median, min and max."""
-    r = np.asarray(a) / np.asarray(b)
-    return {"median": float(np.median(r)), "min": float(r.min()), "max": float(r.max()), "rounds": r.tolist()}

@@ -3,7 +3,7 @@ a full run's report, and this writes it alone for a ``--workloads lm`` run:
 
     python -m bench.lm_report reports/lm/bench-*.json --out bench/results
 
-Every ratio pairs figures of the same interleaved round of one run (``bench.lm_common.ratio_stats``); a verdict is
+Every ratio pairs figures of the same interleaved round of one run (``bench.verdict.paired``); a verdict is
 "undecided" where the rounds' spread covers the target.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.lm_common import ratio_stats, verdict  # noqa: E402
+from bench.verdict import judge, paired  # noqa: E402
 
 FRAMEWORKS = ("torch", "jax", "tf")
 WORKLOADS = ("lm_prefill", "lm_decode", "lm_generate")
@@ -76,11 +76,8 @@ def setup(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _cell(stats: dict[str, Any] | None, target: float, at_least: bool) -> str:
-    if stats is None:
-        return "—"
-    return (f"{stats['median']:.2f}× ({stats['min']:.2f}–{stats['max']:.2f}) "
-            f"{verdict(stats['rounds'], target, at_least)}")
+def _cell(ratios: list[float] | None, target: float, at_least: bool) -> str:
+    return judge(ratios, target, at_most=not at_least).cell() if ratios else "—"
 
 
 def targets(runs: list[dict[str, Any]]) -> str:
@@ -93,15 +90,16 @@ def targets(runs: list[dict[str, Any]]) -> str:
         ours = {w: _find(runs, w, fw, B, dtype, True) for w in WORKLOADS}
         peer = {w: _find(runs, w, fw, B, dtype, False) for w in WORKLOADS}
         d = ours["lm_decode"]
-        growth = d and ratio_stats(d["times_s"], d["short_step_s"])
+        growth = d and paired(d["times_s"], d["short_step_s"])
         fp32 = _find(runs, "lm_decode", fw, B, "float32", True)
-        speed = ratio_stats(fp32["times_s"], d["times_s"]) if d and fp32 and dtype == "bfloat16" else None
-        vs = [ratio_stats(peer[w]["times_s"], ours[w]["times_s"]) if ours[w] and peer[w] else None
+        speed = paired(fp32["times_s"], d["times_s"]) if d and fp32 and dtype == "bfloat16" else None
+        vs = [paired(peer[w]["times_s"], ours[w]["times_s"]) if ours[w] and peer[w] else None
               for w in WORKLOADS]
         cells = [_cell(growth, 1.10, False), _cell(speed, 1.0, True), *(_cell(v, 1.0, True) for v in vs)]
         rows.append(f"| {fw} | {B} | {dtype} | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + ("\n\nEach cell: the median over rounds of the per-round ratio (min–max over rounds), "
-                              "then met (every round), not met (none) or undecided (the spread covers the target).")
+    return "\n".join(rows) + ("\n\nEach cell: the median over rounds of the per-round ratio, the 10-90% interval of "
+                              "the rounds, and ✓ or ✗ where the whole interval lies on one side of the target, "
+                              "undecided where it covers it (`bench.verdict`).")
 
 
 def _keys(runs: list[dict[str, Any]]) -> list[tuple[str, int, str]]:

@@ -24,7 +24,8 @@ matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from bench import lm_report, translate_report  # noqa: E402
+from bench import lm_report, targets, translate_report  # noqa: E402
+from bench.targets import frameworks, one, records  # noqa: E402
 
 FRAMEWORKS = ("torch", "jax", "tf")
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm")
@@ -61,27 +62,8 @@ def _full(runs: list[dict[str, Any]]) -> bool:
             and all(set(r["options"]["workloads"]) >= set(WORKLOADS) for r in runs))
 
 
-def _records(runs: list[dict[str, Any]], workload: str, **where: Any) -> list[dict[str, Any]]:
-    return [rec for r in runs for rec in r["records"]
-            if rec["workload"] == workload and all(rec.get(k) == v for k, v in where.items())]
-
-
-def _one(runs: list[dict[str, Any]], workload: str, **where: Any) -> dict[str, Any] | None:
-    found = _records(runs, workload, **where)
-    return found[0] if found else None
-
-
 def _ms(rec: dict[str, Any] | None) -> str:
     return f"{rec['timing']['median_s'] * 1e3:,.0f}" if rec else "—"
-
-
-def _ratio(x: float | None, target: float | None = None, at_most: bool = True) -> str:
-    if x is None:
-        return "—"
-    if target is None:
-        return f"{x:.2f}×"
-    ok = x <= target if at_most else x >= target
-    return f"{x:.2f}× {'✓' if ok else '✗'}"
 
 
 # ----------------------------------------------------------------- Markdown
@@ -89,7 +71,7 @@ def _ratio(x: float | None, target: float | None = None, at_most: bool = True) -
 def report(runs: list[dict[str, Any]], charts: list[str]) -> str:
     """The whole report: machine and versions, then one table per workload, then the targets."""
     parts = ["# Speed: every backend beside its framework's stock Transformer", "", environment(runs), "",
-             "## Targets", "", targets(runs), "",
+             "## Targets", "", targets.table(runs), "",
              "## Teacher-forced forward", "", timed_table(runs, "forward"), "",
              "## Generation", "", generation_table(runs), "",
              "## How forward time grows with length (S = T)", "", scaling_table(runs), "",
@@ -100,6 +82,8 @@ def report(runs: list[dict[str, Any]], charts: list[str]) -> str:
               "`mixed_bfloat16` layers and `GradientTape` under XLA) with the same dropout rate, label smoothing "
               "and Adam betas and eps, at a constant learning rate (equation 3's peak), on the same batch, timed "
               "together. FLOPs are 3x the forward's (`spec.flops.train_step_flops`).", ""]
+    if targets.records(runs, "memory"):
+        parts += ["## Peak memory (each subject in its own process)", "", targets.memory_table(runs), ""]
     if lm_report.has_lm(runs):
         parts += ["## The decoder-only model beside each framework's stock GPT-2", "", lm_report.section(runs)]
     if translate_report.has_translate(runs):
@@ -123,55 +107,14 @@ def environment(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def targets(runs: list[dict[str, Any]]) -> str:
-    """The issue's targets, one row per framework, ✓ where met."""
-    rows = ["| | bf16 forward / own fp32 ≤ 1 | bf16 forward / peer's best ≤ 1 | cached / recomputed, first 32 "
-            "≥ 5 | step at last token / at first window ≤ 1.10 | bf16 / fp32 decoding speed ≥ 1 | "
-            "beam 4 / greedy time ≤ 3 |", "|---|---|---|---|---|---|---|"]
-    for fw in _frameworks(runs):
-        ours = f"impl_{fw}"
-        bf, fp = (_one(runs, "forward", framework=fw, subject=ours, dtype=d) for d in ("bfloat16", "float32"))
-        peers = [r for r in _records(runs, "forward", framework=fw) if r["subject"] != ours]
-        best = min(peers, key=lambda r: r["timing"]["median_s"], default=None)
-        steps = {d: _one(runs, "greedy_steps", framework=fw, dtype=d) for d in ("bfloat16", "float32")}
-        beam = _one(runs, "beam", framework=fw, dtype="bfloat16")
-        own, vs_peer = _div(bf, fp), _div(bf, best)
-        s = steps["bfloat16"]
-        speed = (s["metrics"]["tokens_per_s"] / steps["float32"]["metrics"]["tokens_per_s"]
-                 if s and steps["float32"] else None)
-        peer = f" ({best['subject']} {best['dtype']})" if best else ""
-        rows.append(f"| {ours} | {_ratio(own, 1.0)}{_of_min(bf, fp)} | "
-                    f"{_ratio(vs_peer, 1.0)}{_of_min(bf, best)}{peer} | "
-                    f"{_ratio(s and s['metrics']['cache_speedup'], 5.0, at_most=False)} | "
-                    f"{_ratio(s and s['metrics']['step_growth'], 1.10)} | "
-                    f"{_ratio(speed, 1.0, at_most=False)} | "
-                    f"{_ratio(beam and beam['metrics'].get('vs_greedy'), 3.0)} |")
-    return "\n".join(rows) + ("\n\nbf16 rows; the fp32 figures are in the tables below. Beside a forward ratio of "
-                              "medians, the ratio of the fastest repeats: on a shared CPU the minimum is the "
-                              "least disturbed figure, so where the two disagree on the verdict the run cannot "
-                              "decide it.")
-
-
-def _of_min(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
-    return f" (min {a['timing']['min_s'] / b['timing']['min_s']:.2f}×)" if a and b else ""
-
-
 def _num(x: float | None, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
-
-
-def _div(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
-    return a["timing"]["median_s"] / b["timing"]["median_s"] if a and b else None
-
-
-def _frameworks(runs: list[dict[str, Any]]) -> list[str]:
-    return [r["environment"]["framework"] for r in runs]
 
 
 def _best_matmul(runs: list[dict[str, Any]], fw: str) -> dict[str, dict[str, Any]]:
     """dtype -> the faster of the run's product-rate records (``run.py`` measures it at the start and the end)."""
     best: dict[str, dict[str, Any]] = {}
-    for r in _records(runs, "matmul", framework=fw):
+    for r in records(runs, "matmul", framework=fw):
         if r["dtype"] not in best or r["metrics"]["flop_per_s"] > best[r["dtype"]]["metrics"]["flop_per_s"]:
             best[r["dtype"]] = r
     return best
@@ -190,7 +133,7 @@ def timed_table(runs: list[dict[str, Any]], workload: str) -> str:
     """The forward or training-step records: time, spread, rate and utilisation of each model and dtype."""
     rows = ["| model | dtype | ms | min–max ms | GFLOP/s | % of own fp32 GEMM | % of own bf16 GEMM "
             "| % of GPU bf16 peak | × fastest | first call s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    recs = _records(runs, workload)
+    recs = records(runs, workload)
     fastest = min((r["timing"]["median_s"] for r in recs), default=None)
     for r in recs:
         rate, rates, peak = r["metrics"]["flop_per_s"], _rates(runs, r["framework"]), _peak(runs, r["framework"])
@@ -207,10 +150,10 @@ def generation_table(runs: list[dict[str, Any]]) -> str:
     rows = ["| model | dtype | greedy tok/s | cached decode tok/s | ms/step at token 32 → 128 | cached × faster "
             "than recomputed (first 32) | beam 4 tok/s | beam / greedy time | first call s: greedy, beam |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for g in _records(runs, "greedy"):
+    for g in records(runs, "greedy"):
         fw, dt = g["framework"], g["dtype"]
-        m = (_one(runs, "greedy_steps", framework=fw, dtype=dt) or {}).get("metrics", {})
-        b = _one(runs, "beam", framework=fw, dtype=dt)
+        m = (one(runs, "greedy_steps", framework=fw, dtype=dt) or {}).get("metrics", {})
+        b = one(runs, "beam", framework=fw, dtype=dt)
         at = [v for k, v in m.items() if k.startswith("ms_per_step_at_")]
         cells = [g["subject"], dt, f"{g['metrics']['tokens_per_s']:,.0f}", _num(m.get("tokens_per_s"), ",.0f"),
                  " → ".join(f"{v:.1f}" for v in at) or "—", _num(m.get("cache_speedup"), ".1f"),
@@ -221,7 +164,7 @@ def generation_table(runs: list[dict[str, Any]]) -> str:
 
 
 def scaling_table(runs: list[dict[str, Any]]) -> str:
-    recs = _records(runs, "scaling")
+    recs = records(runs, "scaling")
     lengths = sorted({r["dims"]["S"] for r in recs})
     rows = ["| model | dtype | " + " | ".join(f"L={L} ms" for L in lengths) + " | time ∝ L^k, k |",
             "|---|---|" + "---|" * (len(lengths) + 1)]
@@ -235,7 +178,7 @@ def scaling_table(runs: list[dict[str, Any]]) -> str:
 
 def matmul_table(runs: list[dict[str, Any]]) -> str:
     rows = ["| framework | (M, K, N) | fp32 GFLOP/s | bf16 GFLOP/s |", "|---|---|---|---|"]
-    for fw in _frameworks(runs):
+    for fw in frameworks(runs):
         recs = _best_matmul(runs, fw)
         if recs:
             d = next(iter(recs.values()))["dims"]
@@ -252,14 +195,14 @@ def chart(runs: list[dict[str, Any]], workload: str, out: Path) -> Path | None:
     fastest; for scaling, time against length on log-log axes."""
     if workload == "scaling":
         return _scaling_chart(runs, out)
-    recs = _records(runs, workload)
+    recs = records(runs, workload)
     if not recs:
         return None
     per_second = workload in ("greedy", "beam")
     values = [r["metrics"]["tokens_per_s"] if per_second else r["timing"]["median_s"] * 1e3 for r in recs]
     best = max(values) if per_second else min(values)
     labels = [f"{r['subject']}\n{r['dtype']}" for r in recs]
-    colours = [f"C{_frameworks(runs).index(r['framework'])}" for r in recs]
+    colours = [f"C{frameworks(runs).index(r['framework'])}" for r in recs]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(recs)), 4.4))
     bars = ax.bar(range(len(recs)), values, color=colours)
     for bar, r, v in zip(bars, recs, values, strict=True):
@@ -281,13 +224,13 @@ def chart(runs: list[dict[str, Any]], workload: str, out: Path) -> Path | None:
 
 
 def _scaling_chart(runs: list[dict[str, Any]], out: Path) -> Path | None:
-    recs = _records(runs, "scaling")
+    recs = records(runs, "scaling")
     if not recs:
         return None
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     for name in dict.fromkeys(r["subject"] for r in recs):
         mine = sorted((r for r in recs if r["subject"] == name), key=lambda r: r["dims"]["S"])
-        fw = _frameworks(runs).index(mine[0]["framework"])
+        fw = frameworks(runs).index(mine[0]["framework"])
         ours = name.startswith("impl_")
         ax.loglog([r["dims"]["S"] for r in mine], [r["timing"]["median_s"] * 1e3 for r in mine], marker="o",
                   color=f"C{fw}", linestyle="-" if ours else "--",
@@ -325,7 +268,10 @@ def update_doc(doc: Path, runs: list[dict[str, Any]], out: Path) -> None:
     for f in [*out.glob("bench-*.png"), out / "bench.md", out / "bench.json"]:
         shutil.copy(f, RESULTS / f.name)
     rel = Path(os.path.relpath(RESULTS, doc.resolve().parent)).as_posix()
-    section = "\n".join([BEGIN, "", environment(runs), "", targets(runs), "", timed_table(runs, "forward"), "",
+    memory = ["Peak memory, each subject in its own process:", "", targets.memory_table(runs), ""] \
+        if targets.records(runs, "memory") else []
+    section = "\n".join([BEGIN, "", environment(runs), "", targets.table(runs), "", *memory,
+                         timed_table(runs, "forward"), "",
                          generation_table(runs), "",
                          "Training step (forward, backward, Adam; fp32 master weights), ours and each peer's own:", "",
                          timed_table(runs, "train"), "", f"![forward]({rel}/bench-forward.png)",

@@ -18,6 +18,8 @@ merges the files. Workloads (``--workloads``, default all):
 - ``translate``: sentences of 10-40 tokens translated greedily and with beam 4 at each ``--translate-batches`` B,
   ours and (torch) Hugging Face's Marian and CTranslate2 on the same weights, each system in its own process with
   its peak memory (``bench.translate_run``).
+- ``memory``: the peak resident memory of the forward, greedy, beam and training step, ours and (forward, train)
+  the peer, each subject in a process of its own (``bench.memory``).
 """
 
 from __future__ import annotations
@@ -35,13 +37,16 @@ import numpy as np
 from rich.console import Console
 
 import spec
+from bench import verdict
 from bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
 from bench.lm_common import LM_SIZES
 from bench.lm_run import run_lm
+from bench.memory import run_memory
 from bench.translate_run import run_translate
 from spec.flops import forward_flops, train_step_flops
 
-WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate")
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "memory")
+STEP_ROUNDS, MAX_STEP_ROUNDS = 3, 8   # rounds of the per-step costs: at least, and at most while undecided
 console = Console(stderr=True)
 
 
@@ -112,8 +117,8 @@ class Runner:
             src, tgt_in = inputs(config, B, S, T)
             subjects.append(subject)
             calls.append(lambda s=subject, x=src, y=tgt_in: s.forward(x, y))
-        records = []
-        for subject, timing in zip(subjects, measure_together(calls, self.args.repeats), strict=True):
+        records, until = [], verdict.forward_until(which) if workload == "forward" else None
+        for subject, timing in zip(subjects, measure_together(calls, self.args.repeats, until=until), strict=True):
             flops = forward_flops(self.configs[subject.dtype], B, S, T)
             self.record(workload, subject.name, subject.dtype, {"B": B, "S": S, "T": T}, timing=timing.as_dict(),
                         flops=flops, metrics={"flop_per_s": flops / timing.median_s,
@@ -122,37 +127,52 @@ class Runner:
         return records
 
     def greedy(self) -> None:
-        B, S = self.args.batch, self.args.src_len
+        """Greedy search in each dtype, timed together (bf16 against fp32: the decoding-speed target); then each
+        dtype's per-step cost with and without the cache, in rounds (``_steps``)."""
+        B, S, dtypes = self.args.batch, self.args.src_len, self.args.dtypes
+        short = self.args.new_tokens[0]
+        models = {dtype: (self.ours(dtype), inputs(self.configs[dtype], B, S, 1)[0]) for dtype in dtypes}
+        calls = [lambda m=m, s=s: m.greedy(s, short) for m, s in models.values()]
+        until = verdict.versus(dtypes.index("float32"), [dtypes.index("bfloat16")], 1.0, at_most=False) \
+            if set(dtypes) >= {"float32", "bfloat16"} else None
+        for dtype, timing in zip(dtypes, measure_together(calls, self.args.repeats, until=until), strict=True):
+            self.record("greedy", models[dtype][0].name, dtype, {"B": B, "S": S, "new_tokens": short},
+                        timing=timing.as_dict(), metrics={"tokens_per_s": B * short / timing.median_s})
+        for dtype, (model, src) in models.items():
+            self._steps(model, src, dtype)
+
+    def _steps(self, model: Any, src: np.ndarray, dtype: str) -> None:
+        """Rounds of the per-step cost up to the long run's last token with the cache and over the short run
+        without it, until the cache's speed-up (>= 5) and the step's growth (<= 1.10) are decided (at least
+        ``STEP_ROUNDS``, at most ``MAX_STEP_ROUNDS``); the figures are the rounds' medians."""
         short, long = self.args.new_tokens
-        for dtype in self.args.dtypes:
-            model, (src, _) = self.ours(dtype), inputs(self.configs[dtype], B, S, 1)
-            timing = measure(lambda m=model, s=src: m.greedy(s, short), self.args.repeats)
-            dims = {"B": B, "S": S, "new_tokens": short}
-            self.record("greedy", model.name, dtype, dims, timing=timing.as_dict(),
-                        metrics={"tokens_per_s": B * short / timing.median_s})
-            model.cached_steps(src, long)  # warm-up: compilation
-            cached = model.cached_steps(src, long)
-            model.recomputed_steps(src, short)
-            recomputed = model.recomputed_steps(src, short)
-            at_short, at_long = window_median(cached, short), window_median(cached, long)
-            self.record("greedy_steps", model.name, dtype, {"B": B, "S": S, "new_tokens": long},
-                        cached_step_s=cached, recomputed_step_s=recomputed,
-                        metrics={"tokens_per_s": B * long / sum(cached),
-                                 f"ms_per_step_at_{short}": at_short * 1e3, f"ms_per_step_at_{long}": at_long * 1e3,
-                                 "step_growth": at_long / at_short,
-                                 "cache_speedup": sum(recomputed) / sum(cached[:short])})
+        model.cached_steps(src, long)  # warm-up: compilation
+        model.recomputed_steps(src, short)
+        speedups, growths, cached = [], [], []
+        while len(speedups) < STEP_ROUNDS or len(speedups) < MAX_STEP_ROUNDS and verdict.UNDECIDED in (
+                verdict.judge(speedups, 5.0, at_most=False).outcome, verdict.judge(growths, 1.10).outcome):
+            cached, recomputed = model.cached_steps(src, long), model.recomputed_steps(src, short)
+            speedups.append(sum(recomputed) / sum(cached[:short]))
+            growths.append(window_median(cached, long) / window_median(cached, short))
+        self.record("greedy_steps", model.name, dtype, {"B": self.args.batch, "S": src.shape[1], "new_tokens": long},
+                    cached_step_s=cached, recomputed_step_s=recomputed, cache_speedup_rounds=speedups,
+                    step_growth_rounds=growths,
+                    metrics={"tokens_per_s": self.args.batch * long / sum(cached),
+                             f"ms_per_step_at_{short}": window_median(cached, short) * 1e3,
+                             f"ms_per_step_at_{long}": window_median(cached, long) * 1e3,
+                             "step_growth": float(np.median(growths)), "cache_speedup": float(np.median(speedups))})
 
     def beam(self) -> None:
+        """Beam 4 and greedy search timed together in each dtype (beam over greedy: its target, <= 3)."""
         B, S, n = self.args.batch, self.args.src_len, self.args.new_tokens[0]
         for dtype in self.args.dtypes:
             model, (src, _) = self.ours(dtype), inputs(self.configs[dtype], B, S, 1)
-            timing = measure(lambda m=model, s=src: m.beam(s, n, 4), self.args.repeats)
-            greedy = [r for r in self.records if r["workload"] == "greedy" and r["dtype"] == dtype]
-            metrics = {"tokens_per_s": B * n / timing.median_s}
-            if greedy:
-                metrics["vs_greedy"] = timing.median_s / greedy[0]["timing"]["median_s"]
+            calls = [lambda m=model, s=src: m.greedy(s, n), lambda m=model, s=src: m.beam(s, n, 4)]
+            greedy, timing = measure_together(calls, self.args.repeats, until=verdict.versus(1, [0], 3.0))
+            ratios = verdict.paired(timing.times_s, greedy.times_s)
             self.record("beam", model.name, dtype, {"B": B, "S": S, "new_tokens": n, "beam_size": 4},
-                        timing=timing.as_dict(), metrics=metrics)
+                        timing=timing.as_dict(), greedy_times_s=greedy.times_s,
+                        metrics={"tokens_per_s": B * n / timing.median_s, "vs_greedy": float(np.median(ratios))})
 
     def train(self) -> None:
         """Our ``train_step`` (forward, backward, Adam; dropout at the paper's 0.1) through the common API, and the
@@ -176,7 +196,10 @@ class Runner:
             peer = self.fw.peer_trainer(config, self.args.device)
             subjects += [(f"impl_{self.args.framework}", config), (peer.name, config)]
             calls += [lambda r=run: step(r), lambda p=peer, b=run["batch"]: p.step(*b)]
-        for (name, config), timing in zip(subjects, measure_together(calls, self.args.repeats), strict=True):
+        ours = [i for i, (name, _) in enumerate(subjects) if name.startswith("impl_")]
+        until = verdict.versus(ours[0], [ours[0] + 1])          # the first dtype's step against the peer's
+        for (name, config), timing in zip(subjects, measure_together(calls, self.args.repeats, until=until),
+                                          strict=True):
             flops = train_step_flops(config, B, S, T)
             self.record("train", name, config.dtype, {"B": B, "S": S, "T": T}, timing=timing.as_dict(), flops=flops,
                         param_dtype=config.param_dtype,
@@ -199,6 +222,9 @@ class Runner:
 
     def translate(self) -> None:
         run_translate(self)
+
+    def memory(self) -> None:
+        run_memory(self)
 
 
 def _machine() -> dict[str, Any]:
@@ -245,7 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--translate-batches", type=_ints, default=[1, 32], help="B of the translate workload")
     p.add_argument("--translate-rounds", type=int, default=2, help="processes per system of the translate workload")
     p.add_argument("--threads", type=int, default=os.cpu_count(),
-                   help="intra-op threads of torch and CTranslate2 in the translate workload's processes")
+                   help="intra-op threads of torch and CTranslate2 in the translate and memory workloads' processes")
     return p
 
 

@@ -6,7 +6,7 @@ the targets with verdicts; ``bench.report`` appends it to a full run's report, a
 
 Targets: ours at least as fast as Hugging Face's Marian in the same dtype, in every backend; ours in the fastest
 backend at least half as fast as CTranslate2 at its fastest compute type; ours at most the peer's peak memory.
-Ratios pair the figures of one round (``bench.lm_common.ratio_stats``); the peers run in torch's environment, so
+Ratios pair the figures of one round (``bench.verdict.paired``); the peers run in torch's environment, so
 a jax or tf ratio pairs rounds of two runs. A verdict is "undecided" where the rounds' spread covers the target.
 """
 
@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.lm_common import ratio_stats, verdict
+from bench.verdict import judge, paired
 
 FRAMEWORKS = ("torch", "jax", "tf")
 MODES = ("translate_greedy", "translate_beam")
@@ -104,12 +104,11 @@ def targets(recs: list[dict[str, Any]]) -> list[str]:
 
 def _speed(ours: dict[str, Any], peer: dict[str, Any], target: float, name: str) -> str:
     """"1.23x <name>'s tokens/s (rounds 1.1-1.3; target >= t: met)", speed as the inverse time ratio per round."""
-    s = ratio_stats(peer["times_s"], ours["times_s"]) if len(peer["times_s"]) == len(ours["times_s"]) else None
-    if s is None:
+    if len(peer["times_s"]) != len(ours["times_s"]):
         r = ours["metrics"]["tokens_per_s"] / peer["metrics"]["tokens_per_s"]
         return f"{r:.2f}x {name}'s tokens/s (target >= {target}: {_met(r >= target)}, one figure each)"
-    return (f"{s['median']:.2f}x {name}'s tokens/s (rounds {s['min']:.2f}-{s['max']:.2f}; target >= {target}: "
-            f"{verdict(s['rounds'], target, at_least=True)})")
+    v = judge(paired(peer["times_s"], ours["times_s"]), target, at_most=False)
+    return f"{name}'s tokens/s x {v.cell()} (median over rounds, 10-90% interval; target >= {target})"
 
 
 def _met(ok: bool) -> str:

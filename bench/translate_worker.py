@@ -24,7 +24,7 @@ from bench import translate_common as tc
 from bench.common import bench_params, clock
 
 
-def _rss_mb() -> float:
+def rss_mb() -> float:
     """The process's peak resident memory so far, MiB (``ru_maxrss`` is KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -58,7 +58,7 @@ def _system(args: argparse.Namespace, fw: Any) -> tuple[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     fw = _framework(args)
-    before = _rss_mb()
+    before = rss_mb()
     name, search = _system(args, fw)
     config = tc.translate_config(args.config, "float32")
     batches = tc.batches(config, tc.sentences(config, tc.sentence_count(args.batch)), args.batch)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         times.append(clock() - start)
     tokens = sum(len(row) for out in outputs for row in tc.unpad(config, out))
     print(json.dumps({"subject": name, "first_s": first, "times_s": times, "tokens": tokens,
-                      "peak_rss_mb": _rss_mb(), "framework_rss_mb": before,
+                      "peak_rss_mb": rss_mb(), "framework_rss_mb": before,
                       "translations": tc.unpad(config, outputs[0])}))
 
 

@@ -22,8 +22,8 @@ from spec.config import TINY
 def bench_run(framework, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     fw = framework
-    # the decoder-only and translation workloads: test_lm_bench.py, test_translate.py
-    workloads = ",".join(w for w in run.WORKLOADS if w not in ("lm", "translate"))
+    # the decoder-only, translation and memory workloads: test_lm_bench.py, test_translate.py, test_memory.py
+    workloads = ",".join(w for w in run.WORKLOADS if w not in ("lm", "translate", "memory"))
     run.main(["--framework", fw, "--out", str(out), "--workloads", workloads, "--config", "tiny", "--repeats", "1",
               "--batch", "2", "--src-len", "5", "--tgt-len", "6", "--new-tokens", "3,9", "--lengths", "4,8",
               "--matmul", "8,8,8"])
@@ -60,12 +60,17 @@ def test_generation_runs_the_steps_asked_for(bench_run):
     for r in (r for r in data["records"] if r["workload"] == "greedy_steps"):
         assert len(r["cached_step_s"]) == 9 and len(r["recomputed_step_s"]) == 3
         assert r["metrics"]["cache_speedup"] > 0
+        assert 3 <= len(r["cache_speedup_rounds"]) == len(r["step_growth_rounds"]) <= run.MAX_STEP_ROUNDS
 
 
 def test_report_writes_tables_and_charts(bench_run):
     fw, out, data = bench_run
     md = (out / "bench.md").read_text()
     assert f"| impl_{fw} |" in md
+    row = next(line for line in md.split("## Targets", 1)[1].splitlines() if line.startswith(f"| impl_{fw} |"))
+    cells = row.strip("| ").split(" | ")[1:]                     # every target: median [low, high] verdict
+    assert len(cells) == 7 and all(re.match(r"\d+\.\d\d× \[\d+\.\d\d, \d+\.\d\d\] (✓|✗|undecided)", c)
+                                   for c in cells), row
     training = md.split("## Training step", 1)[1]
     assert {r["subject"] for r in data["records"] if r["workload"] == "train"} == set(
         re.findall(r"^\| ([^|]+?) \| (?:bfloat16|float32) \|", training, re.M)), training

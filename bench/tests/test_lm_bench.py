@@ -1,6 +1,6 @@
 """The decoder-only workloads (``--workloads lm``) on each framework whose stock GPT-2 installs (transformers for
 torch, Flax for jax, keras_hub for tf), at ``lm_tiny``, once: every record, the steps asked for, the report's
-verdicts, and generations of exactly the tokens asked for; not how fast."""
+tables, and generations of exactly the tokens asked for; not how fast."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from bench import lm_report, run
 from bench.common import bench_params
-from bench.lm_common import lm_config, prompts, verdict
+from bench.lm_common import lm_config, prompts
 
 PEERS = {"torch": "transformers", "jax": "flax", "tf": "keras_hub"}
 
@@ -54,7 +54,7 @@ def test_lm_report(lm_run):
     md = (out / "lm.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith(f"| {fw} |")]
     assert len(rows) == 2 + 4, md       # two (B, dtype) targets rows, four (B, dtype, model) figures rows
-    assert all(word in md for word in ("≤ 1.10", "met")), md
+    assert "≤ 1.10" in md and any(outcome in md for outcome in ("✓", "✗", "undecided")), md
     assert (out / "bench-lm.png").stat().st_size > 0
 
 
@@ -69,9 +69,3 @@ def test_generations_are_greedy_and_full_length(lm):
         assert tokens.shape == (2, 5), (subject.name, tokens)
         np.testing.assert_array_equal(tokens, subject.generate(prompt, 5))
         assert len(subject.decode_steps(prompt, 3, 9)) == 3
-
-
-def test_verdicts():
-    assert verdict([1.05, 1.08], 1.10, at_least=False) == "met"
-    assert verdict([1.05, 1.12], 1.10, at_least=False) == "undecided"
-    assert verdict([0.8, 0.9], 1.0, at_least=True) == "not met"

@@ -1,0 +1,110 @@
+"""Peak memory per workload (``bench.run --workloads memory``): each subject runs one workload alone in a process
+of its own, so that the process's peak resident memory is the subject's; ``run_memory`` starts those processes and
+records what each prints:
+
+    python -m bench.memory --framework jax --workload train --subject peer --dtype bfloat16 --config base
+
+Workloads as ``bench.run``'s, at its shapes: ``forward`` (ours or the stock peer), ``greedy`` and ``beam`` (ours:
+the peers that decode are the translation workload's, measured there), ``train`` (our ``train_step`` or the
+peer's own step; ``bfloat16`` is mixed precision, fp32 master weights). The workload runs twice (the first call
+compiles), then the process prints one JSON object: the subject, its peak resident memory and the resident memory
+before the subject was built (the framework's own). Torch's threads: ``--threads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import spec
+from bench.common import bench_params, inputs
+from bench.translate_worker import rss_mb
+
+WORKLOADS = ("forward", "greedy", "beam", "train")
+
+
+def run_memory(runner: Any) -> None:
+    """Every (workload, dtype, subject) in its own process; one ``memory`` record each."""
+    a = runner.args
+    for workload in WORKLOADS:
+        for dtype in a.dtypes:
+            for who in ("ours", "peer") if workload in ("forward", "train") else ("ours",):
+                cmd = [sys.executable, "-m", "bench.memory", "--framework", a.framework, "--workload", workload,
+                       "--subject", who, "--dtype", dtype, "--config", a.config, "--batch", str(a.batch),
+                       "--src-len", str(a.src_len), "--tgt-len", str(a.tgt_len), "--new-tokens",
+                       str(a.new_tokens[0]), "--threads", str(a.threads)]
+                done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+                if done.returncode:
+                    raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+                out = json.loads(done.stdout.strip().splitlines()[-1])
+                runner.record("memory", out["subject"], dtype, {"B": a.batch, "S": a.src_len, "T": a.tgt_len},
+                              of=workload, metrics={"peak_rss_mb": out["peak_rss_mb"],
+                                                    "framework_rss_mb": out["framework_rss_mb"]})
+
+
+def subject(args: argparse.Namespace, fw) -> tuple[str, Callable[[], object]]:
+    """(name, one run of the workload) of the subject asked for."""
+    B, S, T, n = args.batch, args.src_len, args.tgt_len, args.new_tokens
+    param_dtype = "float32" if args.workload == "train" else args.dtype
+    config = spec.preset(args.config, dtype=args.dtype, param_dtype=param_dtype)
+    src, tgt_in = inputs(config, B, S, T)
+    if args.workload == "train":
+        tgt_out = np.concatenate([tgt_in[:, 1:], np.full((B, 1), config.eos_id)], axis=1)   # (B, T)
+        if args.subject == "peer":
+            peer = fw.peer_trainer(config, "cpu")
+            return peer.name, lambda: peer.step(src, tgt_in, tgt_out)
+        impl = importlib.import_module(f"impl_{args.framework}")
+        run = {"model": fw.ours(config, bench_params(config), "cpu").model}
+        run["state"] = impl.init_train_state(run["model"])
+
+        def step() -> None:
+            loss, run["model"], run["state"] = impl.train_step(run["model"], run["state"], src, tgt_in, tgt_out)
+            float(loss)
+        return f"impl_{args.framework}", step
+    model = fw.peer(config, "cpu") if args.subject == "peer" else fw.ours(config, bench_params(config), "cpu")
+    if args.workload == "forward":
+        return model.name, lambda: model.forward(src, tgt_in)
+    return model.name, (lambda: model.greedy(src, n)) if args.workload == "greedy" else lambda: model.beam(src, n, 4)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.subject == "peer" and args.workload in ("greedy", "beam"):
+        raise SystemExit(f"error: no stock peer decodes here ({args.workload}): see the translate workload")
+    fw = importlib.import_module(f"bench.bench_{args.framework}")
+    fw.setup("cpu")
+    if args.framework == "torch":
+        import torch
+        torch.set_num_threads(args.threads)
+    before = rss_mb()
+    name, run = subject(args, fw)
+    run()
+    run()
+    print(json.dumps({"subject": name, "peak_rss_mb": rss_mb(), "framework_rss_mb": before}))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--framework", required=True, choices=("torch", "jax", "tf"))
+    p.add_argument("--workload", required=True, choices=WORKLOADS)
+    p.add_argument("--subject", default="ours", choices=("ours", "peer"))
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--config", default="base")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--src-len", type=int, default=64)
+    p.add_argument("--tgt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2, help="torch's intra-op threads")
+    return p
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""``bench.verdict``: a target is met or missed only where the 10-90% interval of the per-round ratios lies on one
+side of it; measurements add rounds until their verdicts are decided, up to a cap."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bench import verdict
+from bench.common import measure_together
+
+
+@pytest.mark.parametrize("ratios, target, at_most, outcome", [
+    ([0.90, 0.95, 0.97, 0.99], 1.0, True, "✓"),
+    ([0.90, 0.95, 1.02, 1.05], 1.0, True, "undecided"),     # the spread covers the target
+    ([1.02, 1.04, 1.05, 1.10], 1.0, True, "✗"),
+    ([5.5, 6.0, 6.1], 5.0, False, "✓"),
+    ([4.0, 4.5, 4.9], 5.0, False, "✗"),
+])
+def test_a_verdict_needs_the_whole_interval_on_one_side(ratios, target, at_most, outcome):
+    v = verdict.judge(ratios, target, at_most)
+    assert v.outcome == outcome and v.rounds == len(ratios) and v.low <= v.ratio <= v.high
+    assert v.cell().endswith(outcome)
+
+
+def test_one_outlier_round_in_ten_does_not_decide_the_verdict():
+    """The interval drops the rounds beyond its quantiles: one disturbed round of ten does not move it across."""
+    assert verdict.judge([0.9] * 9 + [1.5], 1.0).outcome == "✓"
+
+
+def test_ratios_pair_the_repeats_of_one_round():
+    assert verdict.paired([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
+    with pytest.raises(ValueError, match="3 and 2 repeats"):
+        verdict.paired([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite and positive"):
+        verdict.judge([], 1.0)
+
+
+def test_a_measurement_adds_rounds_until_decided_and_stops_at_the_cap():
+    calls = itertools.count()
+
+    def until_after(n):  # decided once n rounds have run
+        return lambda times: len(times[0]) >= n
+
+    timings = measure_together([lambda: next(calls)], repeats=3, budget_s=0.0, until=until_after(7))
+    assert len(timings[0].times_s) == 7
+    timings = measure_together([lambda: next(calls)], repeats=3, budget_s=0.0, until=lambda times: False)
+    assert len(timings[0].times_s) == verdict.MAX_ROUNDS
+
+
+def test_the_forward_rule_compares_bf16_with_fp32_and_the_fastest_peer():
+    which = [("bfloat16", False), ("bfloat16", True), ("float32", False), ("float32", True)]
+    until = verdict.forward_until(which)
+    fast, slow = [1.0, 1.0, 1.0], [2.0, 2.1, 1.9]
+    assert until([fast, slow, slow, [3.0] * 3])                  # ours bf16 ahead of fp32 and of the best peer
+    assert not until([fast, [1.0, 0.95, 1.05], slow, slow])      # against the best peer: the interval covers 1

@@ -84,7 +84,7 @@ def memory_table(runs: list[dict[str, Any]]) -> str:
                 ratio = f"{x:.2f}× {verdict.MET if x <= 1 else verdict.MISSED}"
             rows.append(f"| {fw} | {r['of']} | {r['dtype']} | {ours_mb:,.0f} | "
                         f"{r['metrics']['framework_rss_mb']:,.0f} | {peer['subject'] if peer else '—'} | "
-                        f"{peer['metrics']['peak_rss_mb'] if peer else 0:,.0f} | {ratio} |")
+                        f"{format(peer['metrics']['peak_rss_mb'], ',.0f') if peer else '—'} | {ratio} |")
     return "\n".join(rows) + ("\n\nEach subject ran the workload twice (the first call compiles) alone in a process "
                               "of its own; peak memory is that process's, the framework's own included (the "
                               "column beside it: the process before the model was built). `bfloat16` training is "

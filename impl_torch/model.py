@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -115,10 +115,6 @@ class TransformerBase(nn.Module):
         self.embedding, self.position_embedding, self.logits_bias = e.table, e.positions, e.bias  # None: option off
         self.register_state_dict_post_hook(_tied_once)
         self.register_load_state_dict_pre_hook(_tied_twice)
-
-    def named_parameters(self, *args: object, **kwargs: object) -> Iterator[tuple[str, nn.Parameter]]:
-        """``nn.Module``'s in ``spec.schema``'s order: ``logits_bias``, registered here, after the stacks'."""
-        return iter(sorted(super().named_parameters(*args, **kwargs), key=lambda kv: kv[1] is self.logits_bias))
 
     def extra_repr(self) -> str:
         return f"native_bf16={self.native_bf16}"
@@ -288,10 +284,9 @@ def _device_ids(ids: Ids, device: torch.device) -> Tensor:
 
 
 def _tied_once(model: TransformerBase, state: dict[str, Tensor], prefix: str, _: object) -> None:
-    """The state_dict holds each Embedder parameter once, by canonical name, in ``named_parameters``' order."""
-    for name, alias in _TIED.items():
-        if state.pop(f"{prefix}{alias}", None) is not None and name == "logits_bias":
-            state[f"{prefix}{name}"] = state.pop(f"{prefix}{name}")
+    """The state_dict holds each Embedder parameter once, by its canonical name."""
+    for alias in _TIED.values():
+        state.pop(f"{prefix}{alias}", None)
 
 
 def _tied_twice(model: TransformerBase, state: dict[str, Tensor], prefix: str, *_: object) -> None:

@@ -10,7 +10,8 @@ The position-wise FFN has ``w_1`` (D, F), ``b_1`` (F), ``w_2`` (F, D), ``b_2`` (
 
 Options of ``spec.config.Config`` add parameters: ``attention_bias`` the projections' biases ``b_q``, ``b_k``
 (H, K), ``b_v`` (H, C) and ``b_o`` (D), each after its weight; ``positions="learned"`` the table
-``position_embedding`` (max_len, D) after ``embedding``; ``logits_bias`` the bias ``logits_bias`` (V), last.
+``position_embedding`` (max_len, D) and ``logits_bias`` the bias ``logits_bias`` (V), in that order after
+``embedding``: the parameters of the embedder, first.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def param_specs(c: Config) -> list[ParamSpec]:
     specs = [ParamSpec("embedding", (c.vocab_size, c.d_model), c.param_dtype, "embedding")]
     if c.positions == "learned":
         specs.append(ParamSpec("position_embedding", (c.max_len, c.d_model), c.param_dtype, "embedding"))
+    if c.logits_bias:
+        specs.append(ParamSpec("logits_bias", (c.vocab_size,), c.param_dtype, "bias"))
     for i in range(c.n_encoder_layers):
         p = f"encoder.layers.{i}"
         specs += _attention(f"{p}.self_attn", c) + _norm(f"{p}.self_attn_norm", c)
@@ -78,8 +81,6 @@ def param_specs(c: Config) -> list[ParamSpec]:
         specs += _ffn(f"{p}.ffn", c) + _norm(f"{p}.ffn_norm", c)
     if c.norm_first:
         specs += _norm("decoder.final_norm", c)
-    if c.logits_bias:
-        specs.append(ParamSpec("logits_bias", (c.vocab_size,), c.param_dtype, "bias"))
     return specs
 
 

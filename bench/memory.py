@@ -7,8 +7,9 @@ records what each prints:
 Workloads as ``bench.run``'s, at its shapes: ``forward`` (ours or the stock peer), ``greedy`` and ``beam`` (ours:
 the peers that decode are the translation workload's, measured there), ``train`` (our ``train_step`` or the
 peer's own step; ``bfloat16`` is mixed precision, fp32 master weights). The workload runs twice (the first call
-compiles), then the process prints one JSON object: the subject, its peak resident memory and the resident memory
-before the subject was built (the framework's own). Torch's threads: ``--threads``.
+compiles), then the process prints one JSON object: the subject, its peak resident memory, the resident memory
+before the subject was built (the framework's own) and each run's seconds (``--runs``, at least 2: the first
+compiles; ``bench.paper_batch`` times the paper's batch this way). Torch's threads: ``--threads``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,17 +39,27 @@ def run_memory(runner: Any) -> None:
     for workload in WORKLOADS:
         for dtype in a.dtypes:
             for who in ("ours", "peer") if workload in ("forward", "train") else ("ours",):
-                cmd = [sys.executable, "-m", "bench.memory", "--framework", a.framework, "--workload", workload,
-                       "--subject", who, "--dtype", dtype, "--config", a.config, "--batch", str(a.batch),
-                       "--src-len", str(a.src_len), "--tgt-len", str(a.tgt_len), "--new-tokens",
-                       str(a.new_tokens[0]), "--threads", str(a.threads)]
-                done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-                if done.returncode:
-                    raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-                out = json.loads(done.stdout.strip().splitlines()[-1])
+                out = alone(a, workload, who, dtype, a.batch)
+                if "error" in out:
+                    raise RuntimeError(out["error"])
                 runner.record("memory", out["subject"], dtype, {"B": a.batch, "S": a.src_len, "T": a.tgt_len},
                               of=workload, metrics={"peak_rss_mb": out["peak_rss_mb"],
                                                     "framework_rss_mb": out["framework_rss_mb"]})
+
+
+def alone(a: argparse.Namespace, workload: str, who: str, dtype: str, batch: int, runs: int = 2) -> dict[str, Any]:
+    """One subject's workload in a process of its own, at ``bench.run``'s options ``a`` and batch ``batch``: what
+    the process prints (``main``), or ``{"error": ...}`` naming the command and its exit status when it fails
+    (a process the kernel ends for want of memory exits with -9)."""
+    cmd = [sys.executable, "-m", "bench.memory", "--framework", a.framework, "--workload", workload,
+           "--subject", who, "--dtype", dtype, "--config", a.config, "--batch", str(batch),
+           "--src-len", str(a.src_len), "--tgt-len", str(a.tgt_len), "--new-tokens", str(a.new_tokens[0]),
+           "--runs", str(runs), "--threads", str(a.threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    if done.returncode:
+        return {"error": f"{' '.join(cmd[1:])} exited with {done.returncode}:\n{done.stderr[-3000:]}",
+                "returncode": done.returncode}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def subject(args: argparse.Namespace, fw) -> tuple[str, Callable[[], object]]:
@@ -77,6 +89,8 @@ def subject(args: argparse.Namespace, fw) -> tuple[str, Callable[[], object]]:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.runs < 2:
+        raise SystemExit(f"error: --runs must be at least 2 (the first compiles), got {args.runs}")
     if args.subject == "peer" and args.workload in ("greedy", "beam"):
         raise SystemExit(f"error: no stock peer decodes here ({args.workload}): see the translate workload")
     fw = importlib.import_module(f"bench.bench_{args.framework}")
@@ -86,9 +100,12 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     before = rss_mb()
     name, run = subject(args, fw)
-    run()
-    run()
-    print(json.dumps({"subject": name, "peak_rss_mb": rss_mb(), "framework_rss_mb": before}))
+    times = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"subject": name, "peak_rss_mb": rss_mb(), "framework_rss_mb": before, "times_s": times}))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--src-len", type=int, default=64)
     p.add_argument("--tgt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--runs", type=int, default=2, help="runs of the workload, the first compiling (at least 2)")
     p.add_argument("--threads", type=int, default=2, help="torch's intra-op threads")
     return p
 

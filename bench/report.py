@@ -18,21 +18,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-
-from bench import lm_report, targets, translate_report  # noqa: E402
-from bench.targets import frameworks, one, records  # noqa: E402
+from bench import lm_report, paper_batch, targets, translate_report
+from bench.charts import chart
+from bench.targets import frameworks, one, records
 
 FRAMEWORKS = ("torch", "jax", "tf")
-WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm")
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch",
+             "memory")
 # Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 RESULTS = Path(__file__).resolve().parent / "results"  # the committed copy docs/speed.md shows
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+README = Path(__file__).resolve().parents[1] / "README.md"   # its speed section: the targets of a full run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,6 +81,9 @@ def report(runs: list[dict[str, Any]], charts: list[str]) -> str:
               "together. FLOPs are 3x the forward's (`spec.flops.train_step_flops`).", ""]
     if targets.records(runs, "memory"):
         parts += ["## Peak memory (each subject in its own process)", "", targets.memory_table(runs), ""]
+    if targets.records(runs, "paper_batch"):
+        parts += ["## From the bench's batch to the paper's (about 25,000 + 25,000 tokens)", "",
+                  _paper_batch(runs), ""]
     if lm_report.has_lm(runs):
         parts += ["## The decoder-only model beside each framework's stock GPT-2", "", lm_report.section(runs)]
     if translate_report.has_translate(runs):
@@ -122,6 +122,10 @@ def _best_matmul(runs: list[dict[str, Any]], fw: str) -> dict[str, dict[str, Any
 
 def _rates(runs: list[dict[str, Any]], fw: str) -> dict[str, float]:
     return {dtype: r["metrics"]["flop_per_s"] for dtype, r in _best_matmul(runs, fw).items()}
+
+
+def _paper_batch(runs: list[dict[str, Any]]) -> str:
+    return paper_batch.table(runs, {fw: _rates(runs, fw).get("bfloat16") for fw in frameworks(runs)})
 
 
 def _peak(runs: list[dict[str, Any]], fw: str) -> float | None:
@@ -188,100 +192,43 @@ def matmul_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-# ----------------------------------------------------------------- charts
-
-def chart(runs: list[dict[str, Any]], workload: str, out: Path) -> Path | None:
-    """One PNG: a bar per model and dtype (time, or tokens/s for generation) labelled with its ratio to the
-    fastest; for scaling, time against length on log-log axes."""
-    if workload == "scaling":
-        return _scaling_chart(runs, out)
-    recs = records(runs, workload)
-    if not recs:
-        return None
-    per_second = workload in ("greedy", "beam")
-    values = [r["metrics"]["tokens_per_s"] if per_second else r["timing"]["median_s"] * 1e3 for r in recs]
-    best = max(values) if per_second else min(values)
-    labels = [f"{r['subject']}\n{r['dtype']}" for r in recs]
-    colours = [f"C{frameworks(runs).index(r['framework'])}" for r in recs]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(recs)), 4.4))
-    bars = ax.bar(range(len(recs)), values, color=colours)
-    for bar, r, v in zip(bars, recs, values, strict=True):
-        bar.set_alpha(1.0 if r["dtype"] == "bfloat16" else 0.55)  # fp32 bars paler
-        ratio = best / v if per_second else v / best
-        label = "fastest" if ratio == 1.0 else f"{ratio:.2f}× slower"
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(recs)), labels, rotation=45, ha="right", fontsize=8)
-    dims = recs[0]["dims"]
-    unit = "tokens/s (higher is better)" if per_second else "ms (lower is better)"
-    ax.set_ylabel(unit)
-    ax.set_title(f"{workload}, {', '.join(f'{k}={v}' for k, v in dims.items())}; paler bars: float32", fontsize=9)
-    _footnote(fig, runs)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path = out / f"bench-{workload}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _scaling_chart(runs: list[dict[str, Any]], out: Path) -> Path | None:
-    recs = records(runs, "scaling")
-    if not recs:
-        return None
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    for name in dict.fromkeys(r["subject"] for r in recs):
-        mine = sorted((r for r in recs if r["subject"] == name), key=lambda r: r["dims"]["S"])
-        fw = frameworks(runs).index(mine[0]["framework"])
-        ours = name.startswith("impl_")
-        ax.loglog([r["dims"]["S"] for r in mine], [r["timing"]["median_s"] * 1e3 for r in mine], marker="o",
-                  color=f"C{fw}", linestyle="-" if ours else "--",
-                  label=f"{name} ({'ours' if ours else 'stock peer'}), time ~ L^{mine[0]['metrics']['exponent']:.2f}")
-    lengths = sorted({r["dims"]["S"] for r in recs})
-    ax.set_xticks(lengths, [str(n) for n in lengths])  # the measured lengths, not powers of ten
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.set_xlabel("S = T (tokens)")
-    ax.set_ylabel("forward ms (log scale)")
-    ax.set_title(f"forward time against length, B={recs[0]['dims']['B']}, {recs[0]['dtype']}; "
-                 "solid: ours, dashed: stock peers", fontsize=9)
-    ax.legend(fontsize=7)
-    _footnote(fig, runs)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    path = out / "bench-scaling.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _footnote(fig: plt.Figure, runs: list[dict[str, Any]]) -> None:
-    """The machine and the date of the run, at the figure's foot."""
-    m = runs[0]["environment"]["machine"]
-    fig.text(0.01, 0.01, f"{m['cpu']}, {m['cores']} cores, device {runs[0]['environment']['device']}, "
-             f"{m.get('date', 'date not recorded')}", fontsize=7, color="0.35")
-
-
 # ----------------------------------------------------------------- docs/speed.md
 
-def update_doc(doc: Path, runs: list[dict[str, Any]], out: Path) -> None:
-    """Copy this run's report and charts to ``results/`` and put its targets and forward tables between the
-    bench markers of ``doc``."""
+def update_doc(doc: Path, runs: list[dict[str, Any]], out: Path, readme: Path = README) -> None:
+    """Copy this run's report and charts to ``results/``, put its tables between the bench markers of ``doc``
+    and its targets between those of ``readme``."""
     RESULTS.mkdir(exist_ok=True)
     for f in [*out.glob("bench-*.png"), out / "bench.md", out / "bench.json"]:
         shutil.copy(f, RESULTS / f.name)
     rel = Path(os.path.relpath(RESULTS, doc.resolve().parent)).as_posix()
     memory = ["Peak memory, each subject in its own process:", "", targets.memory_table(runs), ""] \
         if targets.records(runs, "memory") else []
-    section = "\n".join([BEGIN, "", environment(runs), "", targets.table(runs), "", *memory,
-                         timed_table(runs, "forward"), "",
-                         generation_table(runs), "",
-                         "Training step (forward, backward, Adam; fp32 master weights), ours and each peer's own:", "",
-                         timed_table(runs, "train"), "", f"![forward]({rel}/bench-forward.png)",
-                         f"![greedy]({rel}/bench-greedy.png)", "",
-                         f"Full report: [{rel}/bench.md]({rel}/bench.md); regenerate with `nox -s bench`.", "", END])
+    batch = ["From the bench's batch to the paper's, ours in bf16 (mixed-precision training), each in its own "
+             "process:", "", _paper_batch(runs), ""] if targets.records(runs, "paper_batch") else []
+    translate = ["Translation beside Hugging Face's Marian and CTranslate2:", "", translate_report.section(runs)] \
+        if translate_report.has_translate(runs) else []
+    _rewrite(doc, [environment(runs), "", targets.table(runs), "", *memory, *batch, *translate,
+                   timed_table(runs, "forward"), "", generation_table(runs), "",
+                   "Training step (forward, backward, Adam; fp32 master weights), ours and each peer's own:", "",
+                   timed_table(runs, "train"), "", f"![forward]({rel}/bench-forward.png)",
+                   f"![greedy]({rel}/bench-greedy.png)", "",
+                   f"Full report: [{rel}/bench.md]({rel}/bench.md); regenerate with `nox -s bench`."])
+    m = runs[0]["environment"]["machine"]
+    rel = Path(os.path.relpath(doc.resolve(), readme.resolve().parent)).as_posix()
+    _rewrite(readme, [f"From the last full `nox -s bench` ({m['cpu']}, {m['cores']} cores, {m.get('date')}); "
+                      f"the tables, peak memory, translation and the paper's batch: [{rel}]({rel}).", "",
+                      targets.table(runs), *(["", "Translation:", "", *translate_report.targets(
+                          translate_report.records_of(runs))] if translate else [])])
+    print(f"rewrote the speed sections of {doc} and {readme}, and {RESULTS}")
+
+
+def _rewrite(doc: Path, lines: list[str]) -> None:
+    """Replace what lies between ``BEGIN`` and ``END`` in ``doc`` with ``lines``."""
     text = doc.read_text()
     if BEGIN not in text or END not in text:
         raise ValueError(f"{doc} has no {BEGIN} ... {END} section to rewrite")
+    section = "\n".join([BEGIN, "", *lines, "", END])
     doc.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S))
-    print(f"rewrote the speed section of {doc} and {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ merges the files. Workloads (``--workloads``, default all):
 - ``translate``: sentences of 10-40 tokens translated greedily and with beam 4 at each ``--translate-batches`` B,
   ours and (torch) Hugging Face's Marian and CTranslate2 on the same weights, each system in its own process with
   its peak memory (``bench.translate_run``).
+- ``paper_batch``: the bf16 forward and the mixed training step of ours from B = 8 to the paper's batch (25,000
+  source + 25,000 target tokens), each in its own process: time, tokens/s, share of the GEMM rate, peak memory
+  (``bench.paper_batch``).
 - ``memory``: the peak resident memory of the forward, greedy, beam and training step, ours and (forward, train)
   the peer, each subject in a process of its own (``bench.memory``).
 """
@@ -42,10 +45,11 @@ from bench.common import bench_params, fit_exponent, inputs, measure, measure_to
 from bench.lm_common import LM_SIZES
 from bench.lm_run import run_lm
 from bench.memory import run_memory
+from bench.paper_batch import run_paper_batch
 from bench.translate_run import run_translate
 from spec.flops import forward_flops, train_step_flops
 
-WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "memory")
+WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch", "memory")
 STEP_ROUNDS, MAX_STEP_ROUNDS = 3, 8   # rounds of the per-step costs: at least, and at most while undecided
 console = Console(stderr=True)
 
@@ -223,6 +227,9 @@ class Runner:
     def translate(self) -> None:
         run_translate(self)
 
+    def paper_batch(self) -> None:
+        run_paper_batch(self)
+
     def memory(self) -> None:
         run_memory(self)
 
@@ -232,7 +239,9 @@ def _machine() -> dict[str, Any]:
                platform.processor())
     flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
     simd = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
-    return {"cpu": cpu, "cores": os.cpu_count(), "simd": simd, "python": platform.python_version(),
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_gib, 1), "simd": simd,
+            "python": platform.python_version(),
             "os": platform.platform(), "date": datetime.date.today().isoformat()}
 
 
@@ -268,6 +277,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-short", type=int, default=32, help="the short context of the decode-step comparison")
     p.add_argument("--lm-steps", type=int, default=8, help="decode steps timed at each context")
     p.add_argument("--lm-new-tokens", type=int, default=32, help="new tokens of the lm generation")
+    p.add_argument("--paper-forward-batches", type=_ints, default=[8, 64, 390], help="B of the paper_batch forward")
+    p.add_argument("--paper-train-batches", type=_ints, default=[8, 16, 32], help="B of the paper_batch step")
     p.add_argument("--translate-batches", type=_ints, default=[1, 32], help="B of the translate workload")
     p.add_argument("--translate-rounds", type=int, default=2, help="processes per system of the translate workload")
     p.add_argument("--threads", type=int, default=os.cpu_count(),

@@ -37,10 +37,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def has_translate(runs: list[dict[str, Any]]) -> bool:
-    return bool(_records(runs))
+    return bool(records_of(runs))
 
 
-def _records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def records_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The translation records of every run."""
     return [r for run in runs for r in run["records"] if r["workload"] in MODES]
 
 
@@ -50,7 +51,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def section(runs: list[dict[str, Any]]) -> str:
     """The tables, then the targets."""
-    recs = _records(runs)
+    recs = records_of(runs)
     machine = next(run["environment"]["machine"] for run in runs)
     options = next(run["options"] for run in runs)
     torch_env = next((run["environment"] for run in runs if run["environment"]["framework"] == "torch"), {})

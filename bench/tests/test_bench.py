@@ -22,8 +22,8 @@ from spec.config import TINY
 def bench_run(framework, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     fw = framework
-    # the decoder-only, translation and memory workloads: test_lm_bench.py, test_translate.py, test_memory.py
-    workloads = ",".join(w for w in run.WORKLOADS if w not in ("lm", "translate", "memory"))
+    # decoder-only, translation, memory, paper batch: test_lm_bench.py, test_translate.py, test_memory.py
+    workloads = ",".join(w for w in run.WORKLOADS if w not in ("lm", "translate", "memory", "paper_batch"))
     run.main(["--framework", fw, "--out", str(out), "--workloads", workloads, "--config", "tiny", "--repeats", "1",
               "--batch", "2", "--src-len", "5", "--tgt-len", "6", "--new-tokens", "3,9", "--lengths", "4,8",
               "--matmul", "8,8,8"])
@@ -89,3 +89,19 @@ def test_searches_run_their_full_length(framework):
     for tokens in (T.greedy_search(model, src, max_new_tokens=12), T.beam_search(model, src, max_new_tokens=12)):
         tokens = np.asarray(tokens)
         assert tokens.shape == (3, 12) and not (tokens == TINY.eos_id).any(), tokens
+
+
+def test_a_full_run_rewrites_the_speed_sections(bench_run, tmp_path, monkeypatch):
+    fw, out, data = bench_run
+    doc, readme = tmp_path / "docs" / "speed.md", tmp_path / "README.md"
+    doc.parent.mkdir()
+    for f in (doc, readme):
+        f.write_text(f"kept\n{report.BEGIN}\nstale\n{report.END}\nkept too\n")
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "results")
+    report.update_doc(doc, [data], out, readme)
+    for f in (doc, readme):
+        text = f.read_text()
+        assert "stale" not in text and text.startswith("kept\n") and text.endswith("kept too\n"), text
+        assert f"| impl_{fw} |" in text.split("## ", 1)[0]         # the targets row
+    assert "[docs/speed.md](docs/speed.md)" in readme.read_text()
+    assert (tmp_path / "results" / "bench.md").exists()

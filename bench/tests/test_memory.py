@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from bench import report, run, targets
+from bench import paper_batch, report, run, targets
 
 
 def test_every_subject_has_its_own_peak(tmp_path):
@@ -24,3 +24,24 @@ def test_every_subject_has_its_own_peak(tmp_path):
     table = targets.memory_table(runs)
     assert table.count("| torch |") == 4 and "torch.nn.Transformer" in table
     assert "## Peak memory" in report.report(runs, [])
+
+
+def test_paper_batch_records_each_batch_and_a_process_that_fails(tmp_path, monkeypatch):
+    run.main(["--framework", "torch", "--workloads", "paper_batch", "--config", "tiny", "--src-len", "8",
+              "--tgt-len", "8", "--paper-forward-batches", "1,4", "--paper-train-batches", "1,2,4",
+              "--threads", "1", "--out", str(tmp_path)])
+    runs = [json.loads((tmp_path / "bench-torch.json").read_text())]
+    recs = targets.records(runs, "paper_batch")
+    assert [(r["of"], r["dims"]["B"]) for r in recs] == [("forward", 1), ("forward", 4), ("train", 1), ("train", 2),
+                                                           ("train", 4)]
+    assert all(len(r["timing"]["times_s"]) == paper_batch.RUNS - 1 and r["metrics"]["peak_rss_mb"] > 0
+               for r in recs), recs
+    section = report.report(runs, [])
+    assert section.count("| torch | forward |") == 2 and section.count("| torch | train |") == 3, section
+    assert "at the paper's batch (B = 3125)" in section, section      # 25,000 source tokens of S = 8
+    # A process that dies (as the kernel ends one for want of memory) is a row saying so, not a lost run.
+    monkeypatch.setattr(paper_batch, "alone", lambda *_: {"error": "killed", "returncode": -9})
+    run.main(["--framework", "torch", "--workloads", "paper_batch", "--config", "tiny", "--paper-forward-batches",
+              "2", "--paper-train-batches", "2", "--out", str(tmp_path)])
+    runs = [json.loads((tmp_path / "bench-torch.json").read_text())]
+    assert "| torch | train | 2 | 256 | exited with -9 |" in report.report(runs, [])

@@ -49,7 +49,7 @@ def _greedy(model: Transformer, src: Tensor, limits: np.ndarray) -> Tensor:
     done = torch.zeros(len(limits), dtype=torch.bool, device=dev)
     tokens = torch.full((len(limits),), c.bos_id, dtype=torch.long, device=dev)
     for t in range(L):
-        logits = _decode(model, tokens[:, None], cache, table=table)[:, 0].index_fill(-1, special, -torch.inf)
+        logits = _decode(model, tokens[:, None], cache, table=table)[:, 0].index_fill_(-1, special, -torch.inf)
         tokens = logits.argmax(dim=-1).masked_fill(done, c.pad_id)              # argmax: first of equal maxima
         out[:, t] = tokens
         done |= (tokens == c.eos_id) | (t + 1 >= limit)
@@ -111,15 +111,9 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: fl
     results: list[Tensor | None] = [None] * B
     for t in range(1, L + 1):
         logits = _decode(model, tokens[:, None], cache, table=table)[:, 0]          # (B*k, V) fp32
-        logp = torch.log_softmax(logits, dim=-1).index_fill(-1, special, -torch.inf)  # over all of V, then -inf
+        logp = torch.log_softmax(logits, dim=-1).index_fill_(-1, special, -torch.inf)  # over all of V, then -inf
         cand = (s.alive_lp[..., None] + logp.view(B, k, V)).view(B, k * V)
-        # The 2k best, ties to the lower flat index (a stable descending sort's first 2k) without sorting all
-        # k*V: every entry above the 2k-th largest value, the ties at it in index order, then those 2k sorted.
-        thr = cand.topk(2 * k, dim=-1).values[:, -1:]                               # (B, 1)
-        above, tie = cand > thr, cand == thr
-        take = above | (tie & (tie.cumsum(-1) <= 2 * k - above.sum(-1, keepdim=True)))  # (B, k*V): 2k per row
-        top = take.nonzero()[:, 1].view(B, 2 * k)                                   # (B, 2k) in index order
-        top = top.gather(1, cand.gather(1, top).sort(dim=-1, descending=True, stable=True).indices)
+        top = _top(cand, 2 * k)                                                     # (B, 2k) flat indices
         beam, tok, score = top // V, top % V, cand.gather(1, top)
         seq = torch.cat([s.alive_seq.take_along_dim(beam[..., None], 1), tok[..., None]], dim=-1)  # (B, 2k, t)
         is_eos = tok == c.eos_id
@@ -154,3 +148,18 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: fl
         out[b, :len(r)] = r
     return out
 
+
+def _top(cand: Tensor, n: int) -> Tensor:
+    """Flat indices (B, n) of each row's n largest entries of cand (B, N), in descending order, equal values in
+    index order: the first n of a stable descending sort, without sorting all N (``torch.topk`` leaves the order
+    of equal values open). One ``topk`` of n + 1 settles a row whose n-th and (n+1)-th values differ, the n largest
+    then being one set; a tie across that cut takes every entry above the n-th value and the first ties at it."""
+    vals, idx = cand.topk(min(n + 1, cand.shape[-1]), dim=-1)                   # (B, n + 1)
+    if vals.shape[-1] > n and bool((vals[:, n - 1] == vals[:, n]).any()):
+        thr = vals[:, n - 1:n]                                                  # (B, 1)
+        above, tie = cand > thr, cand == thr
+        take = above | (tie & (tie.cumsum(-1) <= n - above.sum(-1, keepdim=True)))  # (B, N): n per row
+        idx = take.nonzero()[:, 1].view(-1, n)                                  # (B, n) in index order
+    else:
+        idx = idx[:, :n].sort(dim=-1).values                                    # (B, n) in index order
+    return idx.gather(1, cand.gather(1, idx).sort(dim=-1, descending=True, stable=True).indices)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import impl_torch
+from impl_torch.search import _top
 from spec import reference as ref
 from spec import search
 from spec.config import TINY
@@ -151,3 +152,15 @@ def test_mode_restored_after_an_error(kind, ids):
     with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
         run(model, ids(26, 1, 4), max_new_tokens=0)
     assert model.training
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_candidates_are_a_stable_sorts_first(seed):
+    # beam search's top 2k: equal values in index order, ties across the cut too (coarse values force them)
+    rng = np.random.default_rng(seed)
+    cand = np.round(rng.normal(size=(5, 40)), 0 if seed % 2 else 3).astype(np.float32)
+    if seed > 3:
+        cand[0, 30:] = cand[1, 5:] = -np.inf                                  # -inf ties: fewer finite than n
+    for n in (1, 8, 39, 40):
+        expected = np.argsort(-cand, axis=-1, kind="stable")[:, :n]
+        np.testing.assert_array_equal(_top(torch.from_numpy(cand), n).numpy(), expected)

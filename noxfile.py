@@ -39,6 +39,8 @@ BESIDE = {"bench": ["./impl_torch", "./impl_jax", "./impl_tf[cpu]"]}
 # Installed without their dependencies: keras_hub (tf's GPT-2 peer) requires tensorflow-text, which requires
 # `tensorflow` and would install it over tensorflow-cpu; its GPT-2 needs nothing more than Keras.
 NO_DEPS = {"bench": ["keras-hub"], "tf": ["keras-hub"]}
+# The stock peers each bench environment imports, the decoding ones included.
+PEERS = {"torch": "transformers, ctranslate2", "jax": "flax", "tf": "keras_hub"}
 # One folder per nox invocation, so the combined report shows this run's backends only.
 REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
 
@@ -87,6 +89,7 @@ def bench(session: nox.Session, framework: str) -> None:
     session.install(*CONSTRAINTS, "./spec", f"./bench[{framework}]", *PACKAGES[framework])
     if framework in NO_DEPS:
         session.install(*CONSTRAINTS, "--no-deps", *NO_DEPS[framework])
+    session.run("python", "-c", f"import {PEERS[framework]}")  # in seconds, not after the workloads before them
     session.notify("bench_report")
     session.run("python", "-m", "bench.run", "--framework", framework, "--out", str(REPORTS / "bench"),
                 *session.posargs)

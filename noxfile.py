@@ -103,7 +103,8 @@ def bench_report(session: nox.Session) -> None:
         session.skip("no bench file from this run")
     session.install(*CONSTRAINTS, "./spec", "./bench")
     session.run("python", "-m", "bench.report", *map(str, files), "--out", str(REPORTS / "bench"),
-                "--doc", str(ROOT / "docs" / "speed.md"))
+                "--doc", str(ROOT / "docs" / "speed.md"), "--readme", str(ROOT / "README.md"),
+                "--results", str(ROOT / "bench" / "results"))
 
 
 @session

@@ -1,7 +1,8 @@
 """Merge the frameworks' bench files into one JSON, a Markdown report, one PNG chart per workload, and (after a
 full run) the speed section of docs/speed.md.
 
-    python -m bench.report reports/.../bench-*.json --out reports/.../ [--doc docs/speed.md]
+    python -m bench.report reports/.../bench-*.json --out reports/.../ \
+        [--doc docs/speed.md --readme README.md --results bench/results]
 
 Every ratio compares figures of the same run on the same machine. Utilisation is a forward's FLOP rate
 (``spec.flops``) over the same framework's own matrix-product rate in the same run (the ``matmul`` workload),
@@ -27,9 +28,7 @@ WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "t
              "memory")
 # Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
-RESULTS = Path(__file__).resolve().parent / "results"  # the committed copy docs/speed.md shows
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-README = Path(__file__).resolve().parents[1] / "README.md"   # its speed section: the targets of a full run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--doc", type=Path, help="rewrite this Markdown file's speed section (full runs only)")
+    p.add_argument("--readme", type=Path, help="with --doc: rewrite this file's speed section with the targets")
+    p.add_argument("--results", type=Path, help="with --doc: copy the report and charts here (bench/results)")
     args = p.parse_args(argv)
     runs = [json.loads(f.read_text()) for f in args.files]
     runs.sort(key=lambda r: FRAMEWORKS.index(r["environment"]["framework"]))
@@ -48,8 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "bench.md").write_text(markdown)
     print(markdown)
     if args.doc:
+        if not (args.readme and args.results):
+            p.error("--doc needs --readme and --results: an installed bench knows no repository")
         if _full(runs):
-            update_doc(args.doc, runs, args.out)
+            update_doc(args.doc, args.readme, args.results, runs, args.out)
         else:
             print(f"{args.doc} left as it is: only a full run (every framework and workload) rewrites it")
 
@@ -194,13 +197,13 @@ def matmul_table(runs: list[dict[str, Any]]) -> str:
 
 # ----------------------------------------------------------------- docs/speed.md
 
-def update_doc(doc: Path, runs: list[dict[str, Any]], out: Path, readme: Path = README) -> None:
-    """Copy this run's report and charts to ``results/``, put its tables between the bench markers of ``doc``
+def update_doc(doc: Path, readme: Path, results: Path, runs: list[dict[str, Any]], out: Path) -> None:
+    """Copy this run's report and charts to ``results``, put its tables between the bench markers of ``doc``
     and its targets between those of ``readme``."""
-    RESULTS.mkdir(exist_ok=True)
+    results.mkdir(exist_ok=True)
     for f in [*out.glob("bench-*.png"), out / "bench.md", out / "bench.json"]:
-        shutil.copy(f, RESULTS / f.name)
-    rel = Path(os.path.relpath(RESULTS, doc.resolve().parent)).as_posix()
+        shutil.copy(f, results / f.name)
+    rel = Path(os.path.relpath(results.resolve(), doc.resolve().parent)).as_posix()
     memory = ["Peak memory, each subject in its own process:", "", targets.memory_table(runs), ""] \
         if targets.records(runs, "memory") else []
     batch = ["From the bench's batch to the paper's, ours in bf16 (mixed-precision training), each in its own "
@@ -219,7 +222,7 @@ def update_doc(doc: Path, runs: list[dict[str, Any]], out: Path, readme: Path = 
                       f"the tables, peak memory, translation and the paper's batch: [{rel}]({rel}).", "",
                       targets.table(runs), *(["", "Translation:", "", *translate_report.targets(
                           translate_report.records_of(runs))] if translate else [])])
-    print(f"rewrote the speed sections of {doc} and {readme}, and {RESULTS}")
+    print(f"rewrote the speed sections of {doc} and {readme}, and {results}")
 
 
 def _rewrite(doc: Path, lines: list[str]) -> None:

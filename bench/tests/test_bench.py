@@ -91,14 +91,14 @@ def test_searches_run_their_full_length(framework):
         assert tokens.shape == (3, 12) and not (tokens == TINY.eos_id).any(), tokens
 
 
-def test_a_full_run_rewrites_the_speed_sections(bench_run, tmp_path, monkeypatch):
+def test_a_full_run_rewrites_the_speed_sections(bench_run, tmp_path):
     fw, out, data = bench_run
     doc, readme = tmp_path / "docs" / "speed.md", tmp_path / "README.md"
     doc.parent.mkdir()
     for f in (doc, readme):
         f.write_text(f"kept\n{report.BEGIN}\nstale\n{report.END}\nkept too\n")
-    monkeypatch.setattr(report, "RESULTS", tmp_path / "results")
-    report.update_doc(doc, [data], out, readme)
+    # the paths given, none derived from where the bench is installed (a wheel's would lie in site-packages)
+    report.update_doc(doc, readme, tmp_path / "results", [data], out)
     for f in (doc, readme):
         text = f.read_text()
         assert "stale" not in text and text.startswith("kept\n") and text.endswith("kept too\n"), text

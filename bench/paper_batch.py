@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+import spec
 from bench.memory import alone
 from bench.targets import frameworks, records
 from spec.flops import forward_flops, train_step_flops
@@ -25,11 +26,10 @@ RUNS = 3
 def run_paper_batch(runner: Any) -> None:
     """One ``paper_batch`` record per (step, B): ``--paper-forward-batches`` and ``--paper-train-batches``."""
     a = runner.args
-    dims = {"S": a.src_len, "T": a.tgt_len}
+    dims, config = {"S": a.src_len, "T": a.tgt_len}, spec.preset(a.config, dtype="bfloat16")
     for step, batches in (("forward", a.paper_forward_batches), ("train", a.paper_train_batches)):
         for B in batches:
             out = alone(a, step, "ours", "bfloat16", B, RUNS)
-            config = runner.configs["bfloat16"]
             flops = (train_step_flops if step == "train" else forward_flops)(config, B, a.src_len, a.tgt_len)
             if "error" in out:
                 runner.record("paper_batch", f"impl_{a.framework}", "bfloat16", {"B": B, **dims}, of=step,
@@ -62,8 +62,7 @@ def table(runs: list[dict[str, Any]], bf16_rates: dict[str, float]) -> str:
                 m, s = r["metrics"], r["timing"]["median_s"]
                 rate = bf16_rates.get(fw)
                 share = f"{100 * m['flop_per_s'] / rate:.0f}%" if rate else "—"
-                growth = s / tokens / (base["timing"]["median_s"] / (base["dims"]["B"] * (base["dims"]["S"]
-                                                                                          + base["dims"]["T"])))
+                growth = base["metrics"]["tokens_per_s"] / m["tokens_per_s"]   # s per token / the smallest B's
                 rows.append(f"| {fw} | {step} | {B} | {tokens:,} | {s:.2f} | {m['tokens_per_s']:,.0f} | {share} "
                             f"| {m['peak_rss_mb']:,.0f} | {growth:.2f} |")
             notes += _memory_note(fw, step, mine, runs)

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from bench import paper_batch, report, run, targets
+from bench import memory, paper_batch, profile, report, run, targets
 
 
 def test_every_subject_has_its_own_peak(tmp_path):
@@ -45,3 +45,24 @@ def test_paper_batch_records_each_batch_and_a_process_that_fails(tmp_path, monke
               "2", "--paper-train-batches", "2", "--out", str(tmp_path)])
     runs = [json.loads((tmp_path / "bench-torch.json").read_text())]
     assert "| torch | train | 2 | 256 | exited with -9 |" in report.report(runs, [])
+
+
+def test_the_profile_breaks_down_ours_and_the_peer(capsys):
+    tiny = ["--config", "tiny", "--batch", "2", "--src-len", "8", "--tgt-len", "8", "--threads", "1"]
+    for framework, who in (("torch", "ours"), ("torch", "peer"), ("jax", "ours"), ("jax", "peer")):
+        profile.main(["--framework", framework, "--workload", "forward", "--subject", who, "--rows", "5", *tiny])
+        out = capsys.readouterr().out
+        if framework == "torch":
+            assert "Self CPU" in out and "CPU Mem" in out, out
+        else:
+            temp = float(out.split("temp ")[1].split(",")[0])
+            assert temp > 0 and "argument" in out, out
+
+
+def test_a_subject_short_of_memory_dies_before_the_run_that_started_it():
+    import argparse
+    import os
+    a = argparse.Namespace(framework="torch", config="tiny", src_len=8, tgt_len=8, new_tokens=[4], threads=1)
+    out = memory.alone(a, "forward", "ours", "float32", 2)
+    if os.path.exists(memory.OOM_SCORE_ADJ):
+        assert out["oom_score_adj"] == "1000", out

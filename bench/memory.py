@@ -63,12 +63,16 @@ def alone(a: argparse.Namespace, workload: str, who: str, dtype: str, batch: int
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _first_to_go() -> None:
+def _first_to_go() -> str | None:
     """The kernel, short of memory, ends this subject's process rather than the run that started it (Linux's
-    ``oom_score_adj`` at its maximum; raising one's own needs no privilege)."""
-    if os.path.exists(OOM_SCORE_ADJ):
-        with open(OOM_SCORE_ADJ, "w") as f:
-            f.write("1000")
+    ``oom_score_adj`` at its maximum; raising one's own needs no privilege): the value it now holds, or None
+    where there is no such file."""
+    if not os.path.exists(OOM_SCORE_ADJ):
+        return None
+    with open(OOM_SCORE_ADJ, "w") as f:
+        f.write("1000")
+    with open(OOM_SCORE_ADJ) as f:
+        return f.read().strip()
 
 
 def subject(args: argparse.Namespace, fw) -> tuple[str, Callable[[], object]]:
@@ -98,7 +102,7 @@ def subject(args: argparse.Namespace, fw) -> tuple[str, Callable[[], object]]:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    _first_to_go()
+    oom = _first_to_go()
     if args.runs < 2:
         raise SystemExit(f"error: --runs must be at least 2 (the first compiles), got {args.runs}")
     if args.subject == "peer" and args.workload in ("greedy", "beam"):
@@ -115,7 +119,6 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    oom = open(OOM_SCORE_ADJ).read().strip() if os.path.exists(OOM_SCORE_ADJ) else None
     print(json.dumps({"subject": name, "peak_rss_mb": rss_mb(), "framework_rss_mb": before, "times_s": times,
                       "oom_score_adj": oom}))
 
@@ -141,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
                                                   formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument("--runs", type=int, default=2, help="runs of the workload, the first compiling (at least 2)")
     return p
+
 
 if __name__ == "__main__":
     main()

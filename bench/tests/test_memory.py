@@ -3,7 +3,9 @@ subject), the peer beside ours where it runs the workload, and the report's tabl
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 
 import numpy as np
 
@@ -60,8 +62,6 @@ def test_the_profile_breaks_down_ours_and_the_peer(capsys):
 
 
 def test_a_subject_short_of_memory_dies_before_the_run_that_started_it():
-    import argparse
-    import os
     a = argparse.Namespace(framework="torch", config="tiny", src_len=8, tgt_len=8, new_tokens=[4], threads=1)
     out = memory.alone(a, "forward", "ours", "float32", 2)
     if os.path.exists(memory.OOM_SCORE_ADJ):

@@ -7,15 +7,18 @@ for the subjects of ``bench.memory`` at its shapes.
 
 torch: ``torch.profiler`` over one run after a warm-up run: the operators with the most self CPU time (with
 their input shapes), then those that allocate the most memory (``profile_memory``: bytes an operator allocated
-itself, freed or not). jax, forward only: the compiled program's ``memory_analysis`` in MiB (its arguments,
-outputs and temporaries); ours as ``jax.jit(lambda m, s, t: m(s, t))`` with ``impl_jax.XLA_OPTIONS``, the peer as
-its own jit. ``AIAYN_TORCH_NATIVE_BF16=1`` as for ``bench.run``.
+itself, freed or not). jax, forward and train: the compiled program's ``memory_analysis`` in MiB (its arguments,
+outputs, temporaries and the arguments it may overwrite, ``alias``). With ``XLA_FLAGS="--xla_dump_to=DIR
+--xla_dump_hlo_as_text"`` XLA writes each program's buffer assignment (``*buffer-assignment.txt``): which values
+the temporaries hold. ``AIAYN_TORCH_NATIVE_BF16=1`` as for ``bench.run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+
+import numpy as np
 
 import spec
 from bench.common import bench_params, inputs
@@ -42,29 +45,53 @@ def profile_torch(args: argparse.Namespace, rows: int) -> str:
 
 
 def profile_jax(args: argparse.Namespace) -> str:
-    """The forward's compiled program: its memory by kind, in MiB."""
+    """The workload's compiled program (forward or training step): its memory by kind, in MiB."""
+    if args.workload not in ("forward", "train"):
+        raise SystemExit(f"error: jax profiles the forward and the training step, got {args.workload}")
+    fw = importlib.import_module("bench.bench_jax")
+    fw.setup("cpu")
+    name, lowered = (_jax_train if args.workload == "train" else _jax_forward)(args, fw)
+    stats = lowered.compile().memory_analysis()
+    kinds = ("argument", "output", "temp", "alias", "generated_code")
+    mib = {k: getattr(stats, f"{k}_size_in_bytes") / 2**20 for k in kinds}
+    sizes = ", ".join(f"{k} {v:.1f}" for k, v in mib.items())
+    return f"{name}, {args.workload}, {args.dtype}, B={args.batch}: {sizes}"
+
+
+def _jax_forward(args: argparse.Namespace, fw) -> tuple[str, object]:
+    """(name, lowered forward): ours as ``model(src, tgt_in)`` under ``impl_jax.XLA_OPTIONS``, the peer's own jit."""
     import jax
     import jax.numpy as jnp
 
     import impl_jax
 
-    if args.workload != "forward":
-        raise SystemExit(f"error: jax profiles the forward only, got {args.workload}")
-    fw = importlib.import_module("bench.bench_jax")
-    fw.setup("cpu")
     config = spec.preset(args.config, dtype=args.dtype)
     src, tgt_in = (jnp.asarray(a, jnp.int32) for a in inputs(config, args.batch, args.src_len, args.tgt_len))
     if args.subject == "peer":
         peer = fw.peer(config, "cpu")
-        name, lowered = peer.name, peer.program.lower(peer.state, src, tgt_in)
-    else:
-        model = fw.ours(config, bench_params(config), "cpu").model
-        forward = jax.jit(lambda m, s, t: m(s, t), compiler_options=impl_jax.XLA_OPTIONS)
-        name, lowered = "impl_jax", forward.lower(model, src, tgt_in)
-    stats = lowered.compile().memory_analysis()
-    kinds = ("argument", "output", "temp", "alias", "generated_code")
-    mib = {k: getattr(stats, f"{k}_size_in_bytes") / 2**20 for k in kinds}
-    return f"{name}, forward, {args.dtype}, B={args.batch}: " + ", ".join(f"{k} {v:.1f}" for k, v in mib.items())
+        return peer.name, peer.program.lower(peer.state, src, tgt_in)
+    model = fw.ours(config, bench_params(config), "cpu").model
+    forward = jax.jit(lambda m, s, t: m(s, t), compiler_options=impl_jax.XLA_OPTIONS)
+    return "impl_jax", forward.lower(model, src, tgt_in)
+
+
+def _jax_train(args: argparse.Namespace, fw) -> tuple[str, object]:
+    """(name, lowered training step) at ``bench.memory``'s train subject (fp32 master weights): ours the program
+    ``impl_jax.train_step`` runs after its host checks (``impl_jax.train._train_step``), the peer's own jit."""
+    import jax.numpy as jnp
+
+    import impl_jax
+    from impl_jax import train
+
+    config = spec.preset(args.config, dtype=args.dtype, param_dtype="float32")
+    src, tgt_in = inputs(config, args.batch, args.src_len, args.tgt_len)
+    tgt_out = np.concatenate([tgt_in[:, 1:], np.full((args.batch, 1), config.eos_id)], axis=1)   # (B, T)
+    ids = tuple(jnp.asarray(a, jnp.int32) for a in (src, tgt_in, tgt_out))
+    if args.subject == "peer":
+        peer = fw.peer_trainer(config, "cpu")
+        return peer.name, peer.program.lower(*peer.state, *ids)
+    model = fw.ours(config, bench_params(config), "cpu").model
+    return "impl_jax", train._train_step.lower(model, impl_jax.init_train_state(model), ids[:2], ids[2])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -51,14 +51,18 @@ def test_paper_batch_records_each_batch_and_a_process_that_fails(tmp_path, monke
 
 def test_the_profile_breaks_down_ours_and_the_peer(capsys):
     tiny = ["--config", "tiny", "--batch", "2", "--src-len", "8", "--tgt-len", "8", "--threads", "1"]
-    for framework, who in (("torch", "ours"), ("torch", "peer"), ("jax", "ours"), ("jax", "peer")):
-        profile.main(["--framework", framework, "--workload", "forward", "--subject", who, "--rows", "5", *tiny])
+    for framework, workload, who in (("torch", "forward", "ours"), ("torch", "forward", "peer"),
+                                     ("jax", "forward", "ours"), ("jax", "forward", "peer"),
+                                     ("jax", "train", "ours"), ("jax", "train", "peer")):
+        profile.main(["--framework", framework, "--workload", workload, "--subject", who, "--rows", "5", *tiny])
         out = capsys.readouterr().out
         if framework == "torch":
             assert "Self CPU" in out and "CPU Mem" in out, out
-        else:
-            temp = float(out.split("temp ")[1].split(",")[0])
-            assert temp > 0 and "argument" in out, out
+            continue
+        mib = {k: float(v) for k, v in (kv.split(" ") for kv in out.split(": ")[1].split(", "))}
+        assert mib["argument"] > 0 and (workload == "train" or mib["temp"] > 0), out
+        if (workload, who) == ("train", "peer"):
+            assert mib["alias"] == mib["argument"], out   # the peer donates its parameters and optimiser state
 
 
 def test_a_subject_short_of_memory_dies_before_the_run_that_started_it():

@@ -1,5 +1,5 @@
-"""What every framework's bench shares: inputs, weights, the training hyper-parameters, the clock, the statistics
-and the record format.
+"""What every framework's bench shares: inputs, weights, the training hyper-parameters, the clock, peak memory, the
+statistics and the record format.
 
 Framework-neutral (NumPy only). A framework module (``bench_torch``, ``bench_jax``, ``bench_tf``) builds
 ``Subject``s, its own impl and its framework's stock peer, and the peer's ``Trainer``; ``bench.run``
@@ -9,8 +9,11 @@ times them here.
 from __future__ import annotations
 
 import dataclasses
+import resource
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,6 +26,17 @@ from spec.training import TrainConfig, learning_rate
 TRAIN = TrainConfig()  # the paper's training hyper-parameters, ours (``train_step``'s default) and the peers'
 
 clock = time.perf_counter  # seconds; a subject synchronises its device before returning, so reads are honest
+
+
+def rss_mb() -> float:
+    """The process's peak resident memory so far, MiB: Linux's ``VmHWM``, which starts afresh at ``exec``.
+    (``ru_maxrss`` does not: a worker started by a large bench process would report that process's size.)"""
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024                                  # kB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024       # bytes on macOS, KiB elsewhere
 
 
 def bench_params(config: Config, seed: int = 0) -> dict[str, np.ndarray]:

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 import spec
-from bench.common import bench_params, inputs
-from bench.translate_worker import rss_mb
+from bench.common import bench_params, inputs, rss_mb
 
 WORKLOADS = ("forward", "greedy", "beam", "train")
 OOM_SCORE_ADJ = "/proc/self/oom_score_adj"

@@ -15,26 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import resource
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench import translate_common as tc
-from bench.common import bench_params, clock
-
-
-def rss_mb() -> float:
-    """The process's peak resident memory so far, MiB: Linux's ``VmHWM``, which starts afresh at ``exec``.
-    (``ru_maxrss`` does not: a worker started by a large bench process would report that process's size.)"""
-    status = Path("/proc/self/status")
-    if status.exists():
-        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
-        return int(line.split()[1]) / 1024                                  # kB
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024       # bytes on macOS, KiB elsewhere
+from bench.common import bench_params, clock, rss_mb
 
 
 def _framework(args: argparse.Namespace) -> Any:

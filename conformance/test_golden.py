@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conformance import golden as G
-from spec import agreement, golden_cases, golden_training
+from spec import agreement, golden_cases, golden_recipes, golden_training
 from spec.training import TrainConfig
 
 
@@ -116,7 +116,10 @@ def test_golden_train(case, model_for, record, record_property):
         rounded = {n: round(f, 3) for n, f in representable.items() if f > agreement.BF16_GRADIENT_MAX}
         assert not rounded, f"fp32 weight gradients rounded to bf16 (the share of bf16 values): {rounded}"
     stored = golden_training.stored(exact, undecided, golden_training.CASES[case.name])
-    assert all(np.array_equal(stored[k], v) for k, v in case.expected.items()), "the spec no longer gives the case"
+    # The live exact run, not the stored one, is what the backend is judged against: on another CPU than the one
+    # that wrote the case they agree up to float64 noise.
+    assert all(golden_recipes.close_up_to_noise(stored[k], v) for k, v in case.expected.items()), \
+        "the spec no longer gives the case"
     record(golden_training.judge(case.meta, exact, undecided, result))
 
 

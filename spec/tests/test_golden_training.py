@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spec import backward, golden_cases, golden_training, tolerance, training
+from spec import backward, golden_cases, golden_recipes, golden_training, tolerance, training
 from spec import reference as ref
 from spec.config import TINY
 from spec.init import init_params
@@ -108,11 +108,11 @@ def test_case_inputs_are_padded_and_recorded(case):
 
 
 def test_recorded_numbers_match_a_recomputation(case):
-    """Expected tensors and the faithful errors in meta, recomputed (to float64 rounding: BLAS kernels differ)."""
+    """Expected tensors and the faithful errors in meta, recomputed (to float64 noise: CPUs' kernels differ)."""
     _, _, _, expected, tensors = golden_training.build(case["case"])
     assert sorted(expected) == sorted(case["expected"])
     for key, value in expected.items():
-        np.testing.assert_allclose(case["expected"][key], value, rtol=1e-9, atol=1e-15, err_msg=key)
+        assert golden_recipes.close_up_to_noise(value, case["expected"][key]), key
     for key, stats in tensors.items():
         numbers = {f: v for f, v in stats.items() if f != "unit"}
         assert case["meta"]["tensors"][key]["unit"] == stats["unit"], key
@@ -127,7 +127,7 @@ def test_policy_passes_the_faithful_run(case):
 def test_live_run_is_what_the_case_stores(case):
     stored = golden_training.stored(case["exact"], case["undecided"], case["case"])
     assert sorted(stored) == sorted(case["expected"])
-    assert all(np.array_equal(stored[k], case["expected"][k]) for k in stored)
+    assert [k for k in stored if not golden_recipes.close_up_to_noise(stored[k], case["expected"][k])] == []
 
 
 def _failures(case: dict, result: dict) -> set[str]:

@@ -237,7 +237,7 @@ def close_up_to_noise(a: np.ndarray, b: np.ndarray) -> bool:
     if not np.issubdtype(a.dtype, np.floating) and a.dtype != ml_dtypes.bfloat16:
         return bool(np.array_equal(a, b))
     x, y = a.astype(np.float64), b.astype(np.float64)
-    bound = FLOAT64_NOISE * (float(np.max(np.abs(y))) if y.size else 0.0)
+    bound = FLOAT64_NOISE * float(np.max(np.abs(y), initial=0.0, where=~np.isnan(y)))
     return bool(np.array_equal(np.isnan(x), np.isnan(y)) and np.all(np.abs(np.nan_to_num(x - y)) <= bound))
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
+import safetensors.numpy
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -134,6 +136,29 @@ def test_tolerance_judge():
 
 def test_golden_files_reproduce_bit_for_bit():
     assert golden_recipes.check() == []
+
+
+def test_a_regeneration_may_differ_by_float64_noise_only(tmp_path):
+    """What ``check`` accepts from another CPU: float64 values moved by under 1e-9 of their tensor's scale and
+    statistics by under 1e-6 relative; nothing else."""
+    x = np.array([[0.25, -3.0], [1e-12, np.nan]])
+    mask = np.array([True, False])
+    close = golden_recipes.close_up_to_noise
+    assert close(x + 1e-10, x) and not close(x + 1e-8, x) and not close(np.nan_to_num(x), x)
+    assert not close(x.astype(np.float32), x) and not close(~mask, mask) and close(mask.copy(), mask)
+    def write(name, tensors):
+        safetensors.numpy.save_file(tensors, str(tmp_path / name))
+        return tmp_path / name
+    same = golden_recipes.same_up_to_noise
+    assert same(write("a.safetensors", {"x": x + 1e-10}), write("b.safetensors", {"x": x}))
+    assert not same(write("c.safetensors", {"y": x}), tmp_path / "b.safetensors")
+    meta = {"tensors": {"x": {"max_eps": 2.5, "undecided": 3}}, "sha256": {"b.safetensors": "0" * 64}}
+    moved = {"tensors": {"x": {"max_eps": 2.5 * (1 + 1e-8), "undecided": 3}}, "sha256": {"b.safetensors": "1" * 64}}
+    (tmp_path / "m.json").write_text(json.dumps(meta))
+    for change, ok in ((moved, True), ({**moved, "tensors": {"x": {"max_eps": 2.6, "undecided": 3}}}, False),
+                       ({**moved, "tensors": {"x": {"max_eps": 2.5, "undecided": 4}}}, False)):
+        (tmp_path / "n.json").write_text(json.dumps(change))
+        assert same(tmp_path / "n.json", tmp_path / "m.json") == ok, change
 
 
 def test_recording_scopes_and_no_op():

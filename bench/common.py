@@ -66,6 +66,11 @@ def inputs(config: Config, B: int, S: int, T: int, seed: int = 0) -> tuple[np.nd
     return src, tgt_in
 
 
+def targets(config: Config, tgt_in: np.ndarray) -> np.ndarray:
+    """tgt_out (B, T) int64 for teacher forcing on ``tgt_in``: its tokens shifted left, EOS last."""
+    return np.concatenate([tgt_in[:, 1:], np.full((len(tgt_in), 1), config.eos_id)], axis=1)
+
+
 class Subject(Protocol):
     """One model to time: our impl or a framework's stock Transformer. Every method returns only once the
     device has finished (``torch.cuda.synchronize``, ``block_until_ready``, ``.numpy()``)."""

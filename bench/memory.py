@@ -24,10 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 import spec
-from bench.common import bench_params, inputs, rss_mb
+from bench.common import bench_params, inputs, rss_mb, targets
 
 WORKLOADS = ("forward", "greedy", "beam", "train")
 OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
@@ -81,7 +79,7 @@ def subject(args: argparse.Namespace, fw) -> tuple[str, Callable[[], object]]:
     config = spec.preset(args.config, dtype=args.dtype, param_dtype=param_dtype)
     src, tgt_in = inputs(config, B, S, T)
     if args.workload == "train":
-        tgt_out = np.concatenate([tgt_in[:, 1:], np.full((B, 1), config.eos_id)], axis=1)   # (B, T)
+        tgt_out = targets(config, tgt_in)  # (B, T)
         if args.subject == "peer":
             peer = fw.peer_trainer(config, "cpu")
             return peer.name, lambda: peer.step(src, tgt_in, tgt_out)

@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-import numpy as np
-
 import spec
-from bench.common import bench_params, inputs
+from bench.common import bench_params, inputs, targets
 from bench.memory import subject, subject_arguments
 
 
@@ -85,7 +83,7 @@ def _jax_train(args: argparse.Namespace, fw) -> tuple[str, object]:
 
     config = spec.preset(args.config, dtype=args.dtype, param_dtype="float32")
     src, tgt_in = inputs(config, args.batch, args.src_len, args.tgt_len)
-    tgt_out = np.concatenate([tgt_in[:, 1:], np.full((args.batch, 1), config.eos_id)], axis=1)   # (B, T)
+    tgt_out = targets(config, tgt_in)  # (B, T)
     ids = tuple(jnp.asarray(a, jnp.int32) for a in (src, tgt_in, tgt_out))
     if args.subject == "peer":
         peer = fw.peer_trainer(config, "cpu")

@@ -41,7 +41,7 @@ from rich.console import Console
 
 import spec
 from bench import verdict
-from bench.common import bench_params, fit_exponent, inputs, measure, measure_together, window_median
+from bench.common import bench_params, fit_exponent, inputs, measure, measure_together, targets, window_median
 from bench.lm_common import LM_SIZES
 from bench.lm_run import run_lm
 from bench.memory import run_memory
@@ -195,7 +195,7 @@ class Runner:
             config = spec.preset(self.args.config, dtype=dtype, param_dtype="float32")
             model = self.fw.ours(config, bench_params(config), self.args.device).model
             src, tgt_in = inputs(config, B, S, T)
-            tgt_out = np.concatenate([tgt_in[:, 1:], np.full((B, 1), config.eos_id)], axis=1)   # (B, T)
+            tgt_out = targets(config, tgt_in)  # (B, T)
             run = {"model": model, "state": impl.init_train_state(model), "batch": (src, tgt_in, tgt_out)}
             peer = self.fw.peer_trainer(config, self.args.device)
             subjects += [(f"impl_{self.args.framework}", config), (peer.name, config)]

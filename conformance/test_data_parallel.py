@@ -14,7 +14,8 @@ spec itself, with no engine, so the option is refused for it.
   position, every worker's dropout RNG; dropout on) ends bit-identical to the run never stopped.
 - A worker killed as step 5 begins: the launcher exits non-zero, naming the failure; the checkpoint of step 4 is
   there, and the resumed run ends bit-identical to the run never stopped.
-- Learning: two workers train the demo's model (mixed precision, dropout 0.1) to a held-out exact match.
+- Learning: two workers train the demo's model (mixed precision, dropout 0.1) to a held-out exact match (the
+  average of the last 5 checkpoints, as the paper's section 6.1).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ EQUALITY = ["--config", "tiny", "--dtype", "float32", "--dropout", "0", "--steps
 # Dropout at tiny's 0.1: the resumed run must also restore every worker's RNG.
 RESUMABLE = ["--data-parallel", "2", "--config", "tiny", "--batch", str(BATCH), "--checkpoint-every", "1"]
 # Two workers on the demo's model and data (mixed precision, dropout 0.1, the demo's schedule), greedy decoding of the
-# held-out set by the final weights (not averaged, so they swing by points from one step to the next); the accuracies
-# measured behind the threshold: docs/decisions.md, "Data-parallel training".
-LEARNING_STEPS, LEARNING_ACCURACY = 800, 0.8
+# held-out set by the average of the last 5 checkpoints (section 6.1; a single checkpoint's accuracy swings by tens of
+# points between steps); the accuracies measured behind the threshold: docs/decisions.md, "Data-parallel training".
+LEARNING_STEPS, LEARNING_ACCURACY = 800, 0.99
 TIMEOUT_S = 900
 
 

@@ -32,6 +32,7 @@ after each step k of ``--record-steps``, ``params_<k>.safetensors`` (canonical n
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -190,11 +191,14 @@ def resume(engine: Engine, o: Options, framework: str) -> int:
 def run(engine: Engine, o: Options, framework: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train ``engine`` from step 1 (or the checkpoint ``--resume`` finds) to ``o.steps``: one global batch per
     step, checkpoints and records as the module docstring says. Returns {"losses", "step_s", "first_step",
-    "steps", "data_parallel", "train_s"} for the steps this run took."""
+    "steps", "data_parallel", "train_s"} for the steps this run took and, with ``o.min_accuracy`` in the chief,
+    "averaged": ``spec.demo.average`` of the weights at this run's last ``spec.demo.AVERAGE`` checkpoint steps (every
+    ``o.checkpoint_every`` steps and the last, written or not)."""
     first = resume(engine, o, framework) + 1 if o.resume else 1
     if first > 1 and engine.chief:
         log(f"{framework}: resumed from step {first - 1} ({o.checkpoint_dir})")
     losses, step_s = [], []
+    kept = collections.deque(maxlen=demo.AVERAGE) if o.min_accuracy is not None and engine.chief else None
     for step in range(first, o.steps + 1):
         if o.kill_at == (step, _rank(engine)):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -205,12 +209,17 @@ def run(engine: Engine, o: Options, framework: str, log: Callable[[str], None] =
         if engine.chief and o.record and step in o.record_steps:
             _save(o.record / f"grad_{step}.safetensors", grad)
             _save(o.record / f"params_{step}.safetensors", engine.params())
-        if o.checkpoint_dir and (step % o.checkpoint_every == 0 or step == o.steps):
-            write_checkpoint(engine, o.checkpoint_dir, step, o, framework)
+        if step % o.checkpoint_every == 0 or step == o.steps:
+            if o.checkpoint_dir:
+                write_checkpoint(engine, o.checkpoint_dir, step, o, framework)
+            if kept is not None:
+                kept.append({k: np.array(v) for k, v in engine.params().items()})  # copies: torch's are views
     result = {"framework": framework, "data_parallel": o.data_parallel, "first_step": first, "steps": o.steps,
               "losses": losses, "step_s": step_s, "train_s": float(sum(step_s))}
     if engine.chief and o.record:
         (o.record / "losses.json").write_text(json.dumps(result, indent=1))
+    if kept:
+        result["averaged"] = demo.average(kept)
     return result
 
 

@@ -53,7 +53,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--record", type=Path, help="write losses, and weights and gradients at --record-steps, here")
     p.add_argument("--record-steps", type=_ints, default=(1,), help="comma-separated steps to record")
     p.add_argument("--min-accuracy", type=float,
-                   help="greedy-decode the held-out set at the end; exit non-zero below this exact match")
+                   help="greedy-decode the held-out set at the end with the average of the last 5 checkpoints' weights "
+                        "(every --checkpoint-every steps); exit non-zero below this exact match")
     p.add_argument("--kill-at", type=_kill_at, metavar="STEP:RANK",
                    help="testing aid: worker RANK kills itself (SIGKILL) as step STEP begins, as a crashed host")
     return p
@@ -86,7 +87,8 @@ def options(argv: list[str] | None, prog: str) -> Options:
 
 def main(T: ModuleType, engine_of: Callable[[Options], Engine], argv: list[str] | None = None) -> dict[str, Any]:
     """``python -m impl_<fw>.train_dp``: parse, build the engine, train, report; with ``--min-accuracy``, decode the
-    held-out set of ``spec.demo`` greedily with the final weights (the chief alone).
+    held-out set of ``spec.demo`` greedily with the average of the last checkpoints' weights
+    (``spec.data_parallel.run``; the chief alone).
 
     Raises:
         SystemExit: on a bad command line (status 2), or non-zero if the exact match is below ``--min-accuracy``.
@@ -103,7 +105,7 @@ def main(T: ModuleType, engine_of: Callable[[Options], Engine], argv: list[str] 
     line = (f"{T.__name__}: {o.data_parallel} worker(s), steps {result['first_step']}-{o.steps} of {o.batch}, "
             f"{result['train_s']:.1f} s of training" + (f", final loss {result['losses'][-1]:.3f}" if done else ""))
     if o.min_accuracy is not None:
-        model = T.from_params(o.config, engine.params())
+        model = T.from_params(o.config, result.get("averaged") or engine.params())  # no step taken: the weights
         result["accuracy"] = demo.evaluate(T, model, o.config, demo.heldout(o.config))
         line += f", held-out exact match {result['accuracy']:.1%}"
     print(line, flush=True)

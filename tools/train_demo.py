@@ -26,7 +26,19 @@ import numpy as np
 from rich import console, progress
 
 from spec.config import Config
-from spec.demo import BATCH, DEMO_CONFIG, HELDOUT_SIZE, SEED, STEPS, TRAIN_CONFIG, evaluate, heldout, reverse_batch
+from spec.demo import (
+    AVERAGE,
+    BATCH,
+    DEMO_CONFIG,
+    HELDOUT_SIZE,
+    SEED,
+    STEPS,
+    TRAIN_CONFIG,
+    average,
+    evaluate,
+    heldout,
+    reverse_batch,
+)
 from spec.training import TrainConfig
 from text import cli
 from tools import HelpFormatter
@@ -34,9 +46,6 @@ from tools import HelpFormatter
 BACKENDS = ("torch", "jax", "tf")
 EVAL_EVERY = 100  # steps between held-out evaluations, to record when the accuracy crosses TARGET
 TARGET = 0.99
-# Evaluate the average of the last 5 checkpoints, one every EVAL_EVERY steps, as the paper did for its base models
-# (section 6.1): a single checkpoint's accuracy wanders while the learning rate is still high (docs/decisions.md).
-AVERAGE = 5
 
 
 def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED, progress: bool = True, *,
@@ -70,12 +79,12 @@ def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED,
             if step == steps or eval_every and step % eval_every == 0:
                 checkpoints.append({k: np.array(a) for k, a in T.params_of(model).items()})  # copies: torch's are views
                 if evaluate_checkpoints or step == steps:
-                    evals.append([step, evaluate(T, average(T, config, checkpoints), config, data),
+                    evals.append([step, evaluate(T, T.from_params(config, average(checkpoints)), config, data),
                                   evaluate(T, model, config, data), round(train_s, 3)])
                     bar.update(task, acc=evals[-1][1])
             bar.update(task, advance=1, loss=losses[-1])
     if save is not None:
-        T.save_weights(average(T, config, checkpoints), save)
+        T.save_weights(T.from_params(config, average(checkpoints)), save)
     hit = next((e for e in evals if e[1] >= TARGET), None)
     return {"backend": T.__name__, "losses": losses, "evals": evals, "accuracy": evals[-1][1], "steps": steps,
             "batch": batch, "seed": seed, "train_s": round(train_s, 3),
@@ -83,14 +92,6 @@ def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED,
             "target_step": hit and hit[0], "target_s": hit and hit[-1], "average": AVERAGE,
             "config": config.to_dict(), "train_config": dataclasses.asdict(train_config),
             "version": getattr(T, "__version__", None)}
-
-
-def average(T: ModuleType, config: Config, checkpoints: collections.abc.Sequence[dict[str, np.ndarray]]) -> Any:
-    """A model of ``T`` holding the element-wise mean of the checkpoints' canonical parameters (section 6.1),
-    computed in float64 and rounded once to ``config.param_dtype``."""
-    mean = {name: np.mean([c[name].astype(np.float64) for c in checkpoints], axis=0).astype(p.dtype)
-            for name, p in checkpoints[-1].items()}
-    return T.from_params(config, mean)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

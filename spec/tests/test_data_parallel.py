@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import safetensors.numpy
 
 from spec import data_parallel as dp
 from spec import data_parallel_cli as cli
+from spec import demo
 from spec.init import init_params
 
 ARGS = ["--config", "tiny", "--dtype", "float32", "--batch", "8"]
@@ -123,3 +125,26 @@ def test_resume_refuses_a_checkpoint_of_other_options(tmp_path):
     other = cli.options([*ARGS, "--steps", "4", "--checkpoint-dir", str(tmp_path), "--resume", "--seed", "1"], "prog")
     with pytest.raises(ValueError, match="other seed"):
         dp.run(FakeEngine(other), other, "fake")
+
+
+def test_the_held_out_set_is_decoded_by_the_average_of_the_last_checkpoints():
+    """A single checkpoint's accuracy wanders while the learning rate is high; the paper averages the last 5."""
+    o = cli.options([*ARGS, "--steps", "13", "--checkpoint-every", "2", "--min-accuracy", "1"], "prog")
+    engine, after = FakeEngine(o), {}
+    step = engine.step
+
+    def counted(batch, keep_gradient):
+        out = step(batch, keep_gradient)
+        after[len(after) + 1] = engine.p
+        return out
+
+    engine.step, decoded = counted, []
+    src, expected = demo.heldout(o.config)
+    T = types.SimpleNamespace(__name__="impl_fake", from_params=lambda config, p: decoded.append(p) or p,
+                              greedy_search=lambda model, src, max_new_tokens: expected)
+    cli.main(T, lambda _: engine, [*ARGS, "--steps", "13", "--checkpoint-every", "2", "--min-accuracy", "1"])
+    last = [after[s] for s in (6, 8, 10, 12, 13)]
+    assert len(decoded) == 1 and decoded[0].keys() == engine.p.keys()
+    for name, got in decoded[0].items():
+        np.testing.assert_array_equal(got, np.mean([p[name] for p in last], axis=0, dtype=np.float64)
+                                      .astype(last[-1][name].dtype), err_msg=name)

@@ -43,6 +43,7 @@ NO_DEPS = {"bench": ["keras-hub"], "tf": ["keras-hub"]}
 PEERS = {"torch": "transformers, ctranslate2", "jax": "flax", "tf": "keras_hub"}
 # One folder per nox invocation, so the combined report shows this run's backends only.
 REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
+DURATIONS = "--durations=10"  # each pytest session names its slowest tests, where the main job's minutes go
 
 nox.options.sessions = ["conformance"]
 
@@ -138,7 +139,7 @@ def train_dp(session: nox.Session, backend: str) -> None:
     against one device, a resumed and a killed run, and a short learning run of two workers."""
     session.install(*CONSTRAINTS, "./spec", "./conformance", *PACKAGES[backend])
     session.run("pytest", "--pyargs", "conformance", "--backend", backend, "--data-parallel", "--report-dir",
-                str(REPORTS / "train_dp"), "-p", "no:cacheprovider", *session.posargs)
+                str(REPORTS / "train_dp"), "-p", "no:cacheprovider", DURATIONS, *session.posargs)
 
 
 TEXT = ["./spec", "./conformance", "./text", "./impl_torch", "./impl_jax", "./impl_tf[cpu]"]
@@ -182,7 +183,7 @@ def text(session: nox.Session) -> None:
     impl_torch's ONNX export in ONNX Runtime, and checkpoints from and to ``transformers`` in every impl; the text
     layer's framework-free unit tests run in ``tests``."""
     session.install(*CONSTRAINTS, *TEXT, "pytest", "matplotlib", "onnx", "onnxruntime", "transformers")
-    session.run("pytest", "tools/tests", "-p", "no:cacheprovider", *session.posargs)
+    session.run("pytest", "tools/tests", "-p", "no:cacheprovider", DURATIONS, *session.posargs)
 
 
 @session
@@ -218,7 +219,7 @@ def tests(session: nox.Session, package: str) -> None:
                     "pytest", "hypothesis")
     if package in NO_DEPS:
         session.install(*CONSTRAINTS, "--no-deps", *NO_DEPS[package])
-    session.run("pytest", f"{package}/tests", "-p", "no:cacheprovider", *session.posargs)
+    session.run("pytest", f"{package}/tests", "-p", "no:cacheprovider", DURATIONS, *session.posargs)
     blocks = _readme_examples(package)
     session.chdir(tmp)  # the repository is not importable from here: the installed wheels are what runs
     for i, code in enumerate(blocks):

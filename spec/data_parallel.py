@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from spec import demo, shapes, validate, weights_io
+from spec import demo, shapes, training, validate, weights_io
 from spec.config import Config
 from spec.training import TrainConfig
 
@@ -192,8 +192,8 @@ def run(engine: Engine, o: Options, framework: str, log: Callable[[str], None] =
     """Train ``engine`` from step 1 (or the checkpoint ``--resume`` finds) to ``o.steps``: one global batch per
     step, checkpoints and records as the module docstring says. Returns {"losses", "step_s", "first_step",
     "steps", "data_parallel", "train_s"} for the steps this run took and, with ``o.min_accuracy`` in the chief,
-    "averaged": ``spec.demo.average`` of the weights at this run's last ``spec.demo.AVERAGE`` checkpoint steps (every
-    ``o.checkpoint_every`` steps and the last, written or not)."""
+    "averaged": ``spec.training.average_params`` of the weights at this run's last ``spec.demo.AVERAGE``
+    checkpoint steps (every ``o.checkpoint_every`` steps and the last, written or not)."""
     first = resume(engine, o, framework) + 1 if o.resume else 1
     if first > 1 and engine.chief:
         log(f"{framework}: resumed from step {first - 1} ({o.checkpoint_dir})")
@@ -219,7 +219,7 @@ def run(engine: Engine, o: Options, framework: str, log: Callable[[str], None] =
     if engine.chief and o.record:
         (o.record / "losses.json").write_text(json.dumps(result, indent=1))
     if kept:
-        result["averaged"] = demo.average(kept)
+        result["averaged"] = training.average_params(kept)
     return result
 
 

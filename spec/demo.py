@@ -16,7 +16,6 @@ data. The training run through the common API and its command line are ``tools.t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -113,19 +112,6 @@ def exact_match(tokens: Any, expected: np.ndarray, pad_id: int = 0) -> float:
     width = max(got.shape[1], want.shape[1])
     got, want = (np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=pad_id) for a in (got, want))
     return float((got == want).all(axis=1).mean())
-
-
-def average(checkpoints: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The element-wise mean of the checkpoints' canonical parameters (section 6.1), computed in float64 and rounded
-    once to the last checkpoint's dtypes: {name: array}.
-
-    Raises:
-        ValueError: if there are no checkpoints.
-    """
-    if not checkpoints:
-        raise ValueError("average: no checkpoints")
-    return {name: np.mean([c[name].astype(np.float64) for c in checkpoints], axis=0).astype(p.dtype)
-            for name, p in checkpoints[-1].items()}
 
 
 def evaluate(T: ModuleType, model: Any, config: Config, data: tuple[np.ndarray, np.ndarray]) -> float:

@@ -1,4 +1,5 @@
-"""Training as the paper did it (section 5): label-smoothed loss, Adam, the warmup schedule, dropout.
+"""Training as the paper did it (section 5): label-smoothed loss, Adam, the warmup schedule, dropout; the average
+of the last checkpoints (section 6.1).
 
 Every backend trains by these definitions; the float64 NumPy versions here are the reference
 (``spec.backward`` gives the gradient).
@@ -41,6 +42,7 @@ training-mode forward against the reference replaying the backend's own masks (`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -160,3 +162,20 @@ def adam_update(params: Params, grads: Params, state: AdamState, d_model: int,
     new = {k: nx.acc(p - lr * (m[k] / (1 - tc.beta1 ** t)) / (np.sqrt(v[k] / (1 - tc.beta2 ** t)) + tc.adam_eps))
            for k, p in params.items()}
     return new, AdamState(t, m, v)
+
+
+def average_params(checkpoints: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The element-wise mean of parameter sets with the same names and shapes (section 6.1), computed in float64
+    and rounded once to each parameter's dtype.
+
+    Raises:
+        ValueError: if ``checkpoints`` is empty or their names or shapes differ.
+    """
+    if not checkpoints:
+        raise ValueError("average: no checkpoint given")
+    last = checkpoints[-1]
+    for i, c in enumerate(checkpoints):
+        if c.keys() != last.keys() or any(np.shape(c[k]) != np.shape(last[k]) for k in last):
+            raise ValueError(f"average: checkpoint {i} has other parameter names or shapes than the last")
+    return {name: np.mean([np.asarray(c[name], np.float64) for c in checkpoints], axis=0).astype(p.dtype)
+            for name, p in last.items()}

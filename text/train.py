@@ -27,6 +27,7 @@ import numpy as np
 import spec
 from spec import training, weights_io
 from spec.data_parallel import latest_checkpoint
+from spec.training import average_params
 from text.batching import TokenBatches
 from text.evaluate import bleu
 from text.tokenizer import Tokenizer
@@ -51,23 +52,6 @@ class Options:
 
 # What decides the batches and the arithmetic: a resumed run must keep them.
 RESUME_KEYS = ("tokens_per_batch", "warmup_steps", "lr_scale", "seed")
-
-
-def average_params(checkpoints: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The element-wise mean of parameter sets with the same names and shapes (section 6.1), computed in float64
-    and rounded once to each parameter's dtype.
-
-    Raises:
-        ValueError: if ``checkpoints`` is empty or their names or shapes differ.
-    """
-    if not checkpoints:
-        raise ValueError("average: no checkpoint given")
-    last = checkpoints[-1]
-    for i, c in enumerate(checkpoints):
-        if c.keys() != last.keys() or any(np.shape(c[k]) != np.shape(last[k]) for k in last):
-            raise ValueError(f"average: checkpoint {i} has other parameter names or shapes than the last")
-    return {name: np.mean([np.asarray(c[name], np.float64) for c in checkpoints], axis=0).astype(p.dtype)
-            for name, p in last.items()}
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike]) -> tuple[spec.Config, dict[str, np.ndarray]]:

@@ -34,12 +34,11 @@ from spec.demo import (
     SEED,
     STEPS,
     TRAIN_CONFIG,
-    average,
     evaluate,
     heldout,
     reverse_batch,
 )
-from spec.training import TrainConfig
+from spec.training import TrainConfig, average_params
 from text import cli
 from tools import HelpFormatter
 
@@ -79,12 +78,12 @@ def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED,
             if step == steps or eval_every and step % eval_every == 0:
                 checkpoints.append({k: np.array(a) for k, a in T.params_of(model).items()})  # copies: torch's are views
                 if evaluate_checkpoints or step == steps:
-                    evals.append([step, evaluate(T, T.from_params(config, average(checkpoints)), config, data),
+                    evals.append([step, evaluate(T, T.from_params(config, average_params(checkpoints)), config, data),
                                   evaluate(T, model, config, data), round(train_s, 3)])
                     bar.update(task, acc=evals[-1][1])
             bar.update(task, advance=1, loss=losses[-1])
     if save is not None:
-        T.save_weights(T.from_params(config, average(checkpoints)), save)
+        T.save_weights(T.from_params(config, average_params(checkpoints)), save)
     hit = next((e for e in evals if e[1] >= TARGET), None)
     return {"backend": T.__name__, "losses": losses, "evals": evals, "accuracy": evals[-1][1], "steps": steps,
             "batch": batch, "seed": seed, "train_s": round(train_s, 3),

@@ -129,7 +129,8 @@ def test_resume_refuses_a_checkpoint_of_other_options(tmp_path):
 
 def test_the_held_out_set_is_decoded_by_the_average_of_the_last_checkpoints():
     """A single checkpoint's accuracy wanders while the learning rate is high; the paper averages the last 5."""
-    o = cli.options([*ARGS, "--steps", "13", "--checkpoint-every", "2", "--min-accuracy", "1"], "prog")
+    argv = [*ARGS, "--steps", "13", "--checkpoint-every", "2", "--min-accuracy", "1"]
+    o = cli.options(argv, "prog")
     engine, after = FakeEngine(o), {}
     step = engine.step
 
@@ -139,10 +140,10 @@ def test_the_held_out_set_is_decoded_by_the_average_of_the_last_checkpoints():
         return out
 
     engine.step, decoded = counted, []
-    src, expected = demo.heldout(o.config)
+    _, expected = demo.heldout(o.config)
     T = types.SimpleNamespace(__name__="impl_fake", from_params=lambda config, p: decoded.append(p) or p,
                               greedy_search=lambda model, src, max_new_tokens: expected)
-    cli.main(T, lambda _: engine, [*ARGS, "--steps", "13", "--checkpoint-every", "2", "--min-accuracy", "1"])
+    cli.main(T, lambda _: engine, argv)
     last = [after[s] for s in (6, 8, 10, 12, 13)]
     assert len(decoded) == 1 and decoded[0].keys() == engine.p.keys()
     for name, got in decoded[0].items():

@@ -121,22 +121,16 @@ class Embedder(nn.Module):
         return round_to(self.table, self.dtype)
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, fused: bool = False) -> Tensor:
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """softmax(Q K^T / sqrt(d_k)) V (equation 1, rule 4): q (B, T, H, K), heads-major k (B, H, S, K) and
     v (B, H, S, C), mask bool broadcastable to (B, H, T, S), True = may attend -> (B, T, H, C) in ``q.dtype``.
 
-    The plain path (default) is the contract written out: fp32 scores, scaled in fp32, masked with
-    ``MASKED_SCORE``, fp32 max-subtracted softmax, probabilities rounded to ``q.dtype`` before P V; a query row
-    whose keys are all masked gets a finite output. ``fused=True`` calls PyTorch's fused kernel: on CUDA (flash,
-    memory-efficient) it rounds the unnormalised probabilities to bf16 before P V, one rounding per probability as
-    the contract asks; on the CPU it keeps them in fp32, so there the plain path is the contract.
+    The contract written out: fp32 scores, scaled in fp32, masked with ``MASKED_SCORE``, fp32 max-subtracted
+    softmax, probabilities rounded to ``q.dtype`` before P V; a query row whose keys are all masked gets a finite
+    output. PyTorch's fused kernels round elsewhere, on the CPU and on CUDA (``docs/decisions-torch.md``).
     """
     dtype = q.dtype
     q = q.transpose(1, 2)                                                   # (B, H, T, K) view
-    if fused:
-        bias = torch.zeros(mask.shape, dtype=dtype, device=q.device).masked_fill(~mask, torch.finfo(dtype).min)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))
-        return o.transpose(1, 2)                                            # (B, T, H, C)
     scores = torch.matmul(q.float(), k.float().transpose(2, 3))             # (B, H, T, S) fp32, never rounded
     scores = scores * (1.0 / math.sqrt(q.shape[-1]))                        # scaled in fp32
     scores = scores.masked_fill(~mask, MASKED_SCORE)                        # masked keys get exactly zero weight
@@ -151,7 +145,6 @@ class MultiHeadAttention(nn.Module):
     Parameters: w_q, w_k (D, H, K), w_v (D, H, C), w_o (H, C, D); biases b_q, b_k (H, K), b_v (H, C), b_o (D,),
     each registered after its weight (``spec.schema``'s order). ``project_kv`` and ``forward`` are the two
     halves, so a decoder can cache keys/values: per step for self-attention, once per source for cross-attention.
-    Attention runs fused on CUDA and plain elsewhere (``scaled_dot_product_attention`` says why).
     """
 
     def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
@@ -174,7 +167,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
         """Queries from x (B, L, D) over kv (B, H, M, K), (B, H, M, C); mask (B, 1, L or 1, M) -> (B, L, D)."""
         q = linear(x, self.w_q, self.b_q, native_bf16=self.native_bf16)         # (B, L, H, K)
-        o = scaled_dot_product_attention(q, *kv, mask, q.is_cuda)               # (B, L, H, C)
+        o = scaled_dot_product_attention(q, *kv, mask)                          # (B, L, H, C)
         return linear(o, self.w_o, self.b_o, n_in=2, native_bf16=self.native_bf16)  # (B, L, D)
 
 

@@ -41,9 +41,6 @@ class TorchDialect(Dialect):
     def heads_major(self, x):
         return x.transpose(1, 2)
 
-    def attention_options(self, model):
-        return {"fused": model.embedding.device.type == "cuda"}
-
     def rng(self, seed, model):
         return torch.Generator(device=model.embedding.device).manual_seed(seed)
 

@@ -49,10 +49,6 @@ class Dialect:
         """The residual sum as the impl computes it (``spec.numerics`` rule 5: rounded to the activation dtype)."""
         return x + y
 
-    def attention_options(self, model: Any) -> dict[str, Any]:
-        """Keyword arguments of the impl's ``scaled_dot_product_attention`` for ``model``'s device."""
-        return {}
-
     def rng(self, seed: int, model: Any) -> Any:
         """The impl's dropout RNG (the ``rng=`` of its forward) seeded from ``seed``, where ``model`` computes."""
         raise NotImplementedError
@@ -163,7 +159,7 @@ def _decoder_layer(a: ImplModel, m: Any, i: dict[str, Any]) -> dict[str, Any]:
 LAYERS: dict[str, Callable[[ImplModel, Any, dict[str, Any]], dict[str, Any]]] = {
     "embedding": lambda a, m, i: {"x": m.encode(i["ids"])},
     "scaled_dot_product_attention": lambda a, m, i: {"out": a.impl.layers.scaled_dot_product_attention(
-        i["q"], a.d.heads_major(i["k"]), a.d.heads_major(i["v"]), i["mask"], **a.d.attention_options(a.model))},
+        i["q"], a.d.heads_major(i["k"]), a.d.heads_major(i["v"]), i["mask"])},
     "multi_head_attention": lambda a, m, i: {"out": m.forward(i["x_q"], m.project_kv(i["x_kv"]), i["mask"])},
     "add_norm": lambda a, m, i: {"out": m.forward(a.d.add(i["x"], i["y"]))},
     "feed_forward": lambda a, m, i: {"out": m.forward(i["x"])},

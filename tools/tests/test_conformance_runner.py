@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tools import conformance
@@ -59,3 +64,20 @@ def test_golden_training_cases_are_training_checks():
     assert report.family_of("golden_train[train_tiny_float32]", "test_golden.py") == "training"
     assert report.family_of("golden_forward[forward_tiny_float32]", "test_golden.py") == "golden"
     assert report.family_of("bad_input_forward[x]", "test_errors.py") == "errors"
+
+
+
+def _collected(backend: str) -> int:
+    """How many checks the installed suite holds for ``backend`` (pytest's own count, nothing run)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "--pyargs", "conformance", "--backend", backend], capture_output=True, text=True).stdout
+    return int(re.search(r"(\d+) tests? collected", out).group(1))
+
+
+def test_the_readmes_check_counts_are_the_suites():
+    """The README's table says how many checks each backend passes on the CPU: the number the suite holds."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = r"^\| `(reference|torch|jax|tf)` \| [^|]+ \| (\d+)/\d+ \|"
+    claimed = {b: int(n) for b, n in re.findall(row, readme, re.M)}
+    assert set(claimed) == {"reference", "torch", "jax", "tf"}, claimed
+    assert claimed == {b: _collected(b) for b in claimed}

@@ -19,8 +19,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -46,6 +49,21 @@ REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
 DURATIONS = "--durations=10"  # each pytest session names its slowest tests, where the main job's minutes go
 
 nox.options.sessions = ["conformance"]
+# uv where it is installed (``pip install nox uv``): it installs a session's frameworks from its cache in seconds
+# where pip takes a minute or more, once per session; plain virtualenvs and pip otherwise.
+nox.options.default_venv_backend = "uv|virtualenv"
+
+
+def _pip_find_links() -> list[str]:
+    """The wheel folders pip is configured with (``pip config list``: files, the environment), which uv does not
+    read: a machine that keeps a build PyPI lacks there (a CPU-only torch, say) gets it from uv as from pip."""
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    return sorted({d for v in re.findall(r"^\S*find-links='([^']*)'$", out, re.M) for d in v.split()})
+
+
+FIND_LINKS = _pip_find_links()
+if FIND_LINKS:
+    os.environ.setdefault("UV_FIND_LINKS", ",".join(FIND_LINKS))
 
 
 def session(func):
@@ -209,6 +227,7 @@ def tests(session: nox.Session, package: str) -> None:
     from wheels alone (and ``BESIDE``'s packages), its unit tests, then the examples of the README and
     docs/library.md for it, run outside the repository."""
     tmp = Path(session.create_tmp()).resolve()  # absolute: the session leaves the repository below
+    session.install("pip")  # pip's own wheel build, also where uv made the virtualenv (which then holds no pip)
     session.run("pip", "wheel", "--no-deps", "-q", "-w", str(tmp), "./spec", f"./{package}")
     wheels = {w.name.split("-")[0]: w for w in tmp.glob("*.whl")}
     for wheel in wheels.values():

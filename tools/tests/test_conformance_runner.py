@@ -66,7 +66,6 @@ def test_golden_training_cases_are_training_checks():
     assert report.family_of("bad_input_forward[x]", "test_errors.py") == "errors"
 
 
-
 def _collected(backend: str) -> int:
     """How many checks the installed suite holds for ``backend`` (pytest's own count, nothing run)."""
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
@@ -77,7 +76,7 @@ def _collected(backend: str) -> int:
 def test_the_readmes_check_counts_are_the_suites():
     """The README's table says how many checks each backend passes on the CPU: the number the suite holds."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    row = r"^\| `(reference|torch|jax|tf)` \| [^|]+ \| (\d+)/\d+ \|"
+    row = rf"^\| `({'|'.join(conformance.BACKENDS)})` \| [^|]+ \| (\d+)/\d+ \|"
     claimed = {b: int(n) for b, n in re.findall(row, readme, re.M)}
-    assert set(claimed) == {"reference", "torch", "jax", "tf"}, claimed
+    assert set(claimed) == set(conformance.BACKENDS), claimed
     assert claimed == {b: _collected(b) for b in claimed}

@@ -57,15 +57,6 @@ def test_api_entry_points_types(impl):
         assert "int64" in str(tokens.dtype) and tokens.shape[0] == 2
 
 
-def test_api_search_is_evaluation(impl):
-    """Dropout on in the config: search gives the same tokens on every call, whatever the model's mode."""
-    model = impl.Transformer(CONFIG.replace(dropout=0.5), seed=1)
-    a, b = (_np(impl.greedy_search(model, SRC, max_new_tokens=6)) for _ in range(2))
-    np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(_np(impl.beam_search(model, SRC, max_new_tokens=6)),
-                                  _np(impl.beam_search(model, SRC, max_new_tokens=6)))
-
-
 def test_api_load_weights_config_rule(impl, tmp_path):
     path = tmp_path / "model.safetensors"
     impl.save_weights(impl.Transformer(CONFIG, seed=2), path)
@@ -92,6 +83,20 @@ TRAIN = TrainConfig(warmup_steps=10)
 def _scalar(x) -> float:
     assert "float32" in str(x.dtype) and tuple(x.shape) == (), f"loss {x!r} is not a float32 scalar"
     return float(_np(x))
+
+
+def test_api_evaluation_never_drops_out(impl):
+    """Dropout 0.5 in the config (section 5.4), whatever the model's mode: the searches give the same tokens on every
+    call, and ``loss_and_gradients`` the same loss and gradients, bit for bit, as the same weights with dropout 0."""
+    model = impl.Transformer(CONFIG.replace(dropout=0.5), seed=1)
+    a, b = (_np(impl.greedy_search(model, SRC, max_new_tokens=6)) for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(_np(impl.beam_search(model, SRC, max_new_tokens=6)),
+                                  _np(impl.beam_search(model, SRC, max_new_tokens=6)))
+    plain = impl.from_params(CONFIG.replace(dropout=0.0), impl.params_of(model))
+    (loss, grads), (loss0, grads0) = (impl.loss_and_gradients(m, SRC, TGT_IN, TGT_OUT) for m in (model, plain))
+    assert _scalar(loss) == _scalar(loss0)
+    assert [k for k in grads0 if not np.array_equal(_np(grads[k]), _np(grads0[k]))] == []
 
 
 def test_api_train_step(impl):

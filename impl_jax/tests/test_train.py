@@ -162,18 +162,6 @@ def test_training_drops_out_every_sublayer_and_both_embeddings():
     assert all((np.asarray(evaluation[s]) == 0).mean() < 0.01 for s in sites)
 
 
-def test_evaluation_never_drops_out():
-    """``model(...)``, greedy search and ``loss_and_gradients`` with dropout 0.1 give what dropout 0 gives."""
-    plain = T.Transformer(F32, seed=0)
-    dropping = T.from_params(DROP, T.params_of(plain))
-    np.testing.assert_array_equal(np.asarray(dropping(SRC, TGT_IN)), np.asarray(plain(SRC, TGT_IN)))
-    np.testing.assert_array_equal(T.greedy_search(dropping, SRC, 4), T.greedy_search(plain, SRC, 4))
-    loss, grads = T.loss_and_gradients(dropping, SRC, TGT_IN, TGT_OUT)
-    loss0, grads0 = T.loss_and_gradients(plain, SRC, TGT_IN, TGT_OUT)
-    assert float(loss) == float(loss0)
-    assert all(np.array_equal(grads[k], grads0[k]) for k in grads)
-
-
 def _same(a: T.Transformer, b: T.Transformer) -> bool:
     pa, pb = T.params_of(a), T.params_of(b)
     return all(pa[k].tobytes() == pb[k].tobytes() for k in pa)

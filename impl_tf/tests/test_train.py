@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import impl_tf
 import spec
-from spec import backward, golden_training, tolerance, training
+from spec import backward, golden_training, tolerance
 from spec import train_state_io as spec_io
 from spec.numerics import Numerics
 from spec.training import TrainConfig
@@ -137,27 +137,6 @@ def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16, options):
 
 
 # ----------------------------------------------------------------- dropout
-
-def test_evaluation_never_drops_out(model_bf16, params_bf16):
-    """Dropout 0.1 in the config: the forward, searches and loss_and_gradients are deterministic and equal to the
-    same weights' dropout-0 model; only train_step drops out (its loss differs from the evaluation loss)."""
-    src, tgt_in, tgt_out = _copy_task()
-    _restore(model_bf16, params_bf16)
-    plain = impl_tf.from_params(BF16.replace(dropout=0.0), params_bf16)
-    np.testing.assert_array_equal(model_bf16(src, tgt_in).numpy(), model_bf16(src, tgt_in).numpy())
-    np.testing.assert_array_equal(model_bf16(src, tgt_in).numpy(), plain(src, tgt_in).numpy())
-    np.testing.assert_array_equal(impl_tf.greedy_search(model_bf16, src, 4).numpy(),
-                                  impl_tf.greedy_search(model_bf16, src, 4).numpy())
-    (l1, g1), (l2, g2) = (impl_tf.loss_and_gradients(model_bf16, src, tgt_in, tgt_out) for _ in range(2))
-    assert float(l1) == float(l2) and all(np.array_equal(g1[k].numpy(), g2[k].numpy()) for k in g1)
-    assert all(g.dtype == tf.float32 for g in g1.values())  # bf16 parameters: the gradients of their fp32 values
-    logits = model_bf16(src, tgt_in).numpy()
-    assert float(l1) == pytest.approx(training.label_smoothed_cross_entropy(logits, tgt_out, BF16, 0.1), rel=1e-5)
-    state = impl_tf.init_train_state(model_bf16, TC)
-    loss, _, _ = impl_tf.train_step(model_bf16, state, src, tgt_in, tgt_out)
-    assert abs(float(loss) - float(l1)) > 1e-3 * float(l1)  # dropout on: another loss
-    _restore(model_bf16, params_bf16)
-
 
 def test_train_step_masks_come_from_the_state(model_bf16, params_bf16):
     """Equal states and seeds give bit-identical steps, whatever TensorFlow's global RNG does in between; another

@@ -58,20 +58,16 @@ def test_dropout_sits_on_both_embeddings_and_every_sublayer():
     assert census.count == 2 + 2 * c.n_encoder_layers + 3 * c.n_decoder_layers
 
 
-def test_evaluation_is_drop_free_and_leaves_the_mode():
-    """A training-mode model with dropout 0.5 evaluates (loss_and_gradients, forward in eval, searches) exactly as
-    the same weights with dropout 0, and keeps its mode."""
+def test_evaluation_leaves_the_mode():
+    """A training-mode model with dropout 0.5: ``loss_and_gradients`` and greedy search leave every module in
+    training mode, and its forward without a generator is evaluation in either mode (that evaluation never drops
+    out is the conformance suite's ``test_api_evaluation_never_drops_out``)."""
     heavy = T.Transformer(FP32.replace(dropout=0.5), seed=0)                 # training mode
-    none = T.Transformer(FP32.replace(dropout=0.0), seed=0)
-    loss, grads = T.loss_and_gradients(heavy, SRC, TGT_IN, TGT_OUT)
-    loss0, grads0 = T.loss_and_gradients(none, SRC, TGT_IN, TGT_OUT)
+    T.loss_and_gradients(heavy, SRC, TGT_IN, TGT_OUT)
+    T.greedy_search(heavy, SRC)
     assert heavy.training and all(m.training for m in heavy.modules())
-    assert float(loss) == float(loss0) and all(torch.equal(grads[k], grads0[k]) for k in grads)
-    torch.testing.assert_close(T.greedy_search(heavy, SRC), T.greedy_search(none, SRC), rtol=0, atol=0)
-    heavy.eval()
     with torch.no_grad():
-        torch.testing.assert_close(heavy(SRC, TGT_IN), heavy(SRC, TGT_IN), rtol=0, atol=0)
-        torch.testing.assert_close(heavy(SRC, TGT_IN), none.eval()(SRC, TGT_IN), rtol=0, atol=0)
+        torch.testing.assert_close(heavy(SRC, TGT_IN), heavy.eval()(SRC, TGT_IN), rtol=0, atol=0)
 
 
 def _one_step(state_seed: int, global_seed: int) -> tuple[float, dict[str, np.ndarray]]:

@@ -67,7 +67,8 @@ def test_evaluation_leaves_the_mode():
     T.greedy_search(heavy, SRC)
     assert heavy.training and all(m.training for m in heavy.modules())
     with torch.no_grad():
-        torch.testing.assert_close(heavy(SRC, TGT_IN), heavy.eval()(SRC, TGT_IN), rtol=0, atol=0)
+        training = heavy(SRC, TGT_IN)
+        torch.testing.assert_close(heavy.eval()(SRC, TGT_IN), training, rtol=0, atol=0)
 
 
 def _one_step(state_seed: int, global_seed: int) -> tuple[float, dict[str, np.ndarray]]:

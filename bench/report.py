@@ -216,13 +216,20 @@ def update_doc(doc: Path, readme: Path, results: Path, runs: list[dict[str, Any]
                    timed_table(runs, "train"), "", f"![forward]({rel}/bench-forward.png)",
                    f"![greedy]({rel}/bench-greedy.png)", "",
                    f"Full report: [{rel}/bench.md]({rel}/bench.md); regenerate with `nox -s bench`."])
-    m = runs[0]["environment"]["machine"]
-    rel = Path(os.path.relpath(doc.resolve(), readme.resolve().parent)).as_posix()
-    _rewrite(readme, [f"From the last full `nox -s bench` ({m['cpu']}, {m['cores']} cores, {m.get('date')}); "
-                      f"the tables, peak memory, translation and the paper's batch: [{rel}]({rel}).", "",
-                      targets.table(runs), *(["", "Translation:", "", *translate_report.targets(
-                          translate_report.records_of(runs))] if translate else [])])
+    _rewrite(readme, readme_lines(runs, Path(os.path.relpath(doc.resolve(), readme.resolve().parent)).as_posix()))
     print(f"rewrote the speed sections of {doc} and {readme}, and {results}")
+
+
+def readme_lines(runs: list[dict[str, Any]], doc: str) -> list[str]:
+    """The README's speed section: where it was measured, the targets, translation beside Marian in one table;
+    every interval and verdict is in ``doc``."""
+    m = runs[0]["environment"]["machine"]
+    lines = [f"From the last full `nox -s bench` ({m['cpu']}, {m['cores']} cores, {m.get('date')}); every "
+             f"interval and verdict, peak memory, generation and the paper's batch: [{doc}]({doc}).", "",
+             targets.table(runs)]
+    if translate_report.has_translate(runs):
+        lines += ["", *translate_report.summary(translate_report.records_of(runs))]
+    return lines
 
 
 def _rewrite(doc: Path, lines: list[str]) -> None:

@@ -32,7 +32,7 @@ def table(runs: list[dict[str, Any]]) -> str:
                  _judged(beam and "greedy_times_s" in beam and verdict.paired(beam["timing"]["times_s"],
                                                                               beam["greedy_times_s"]), 3.0)]
         rows.append(f"| {ours} | " + " | ".join(cells) + " |")
-    return "\n".join(rows) + ("\n\nbf16 rows; the fp32 figures are in the tables below. Each cell: the median "
+    return "\n".join(rows) + ("\n\nbf16 rows; the fp32 figures are in docs/speed.md's tables. Each cell: the median "
                               "over rounds of the per-round ratio, the 10-90% interval of the rounds, and ✓ or ✗ "
                               "where the whole interval lies on one side of the target, \"undecided\" where it "
                               "covers it (`bench.verdict`: subjects timed together, rounds added until decided, "

@@ -103,6 +103,30 @@ def targets(recs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def summary(recs: list[dict[str, Any]]) -> list[str]:
+    """A table of our backends by (mode, B): ours / Marian tokens/s, the median over rounds, bf16 then fp32."""
+    cols = [(mode, B) for mode in MODES for B in sorted({r["dims"]["B"] for r in recs if r["workload"] == mode})]
+    lines = ["| ours / Marian tokens/s, bf16 / fp32 | " + " | ".join(
+        f"{m.removeprefix('translate_')} B={B}" for m, B in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for label in dict.fromkeys(_label(r) for r in recs if r["system"] == "ours"):
+        cells = []
+        for mode, B in cols:
+            mine = [r for r in recs if r["workload"] == mode and r["dims"]["B"] == B]
+            cells.append(" / ".join(_median(mine, label, dtype) for dtype in ("bfloat16", "float32")))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _median(recs: list[dict[str, Any]], label: str, dtype: str) -> str:
+    ours = next((r for r in recs if r["system"] == "ours" and _label(r) == label and r["dtype"] == dtype), None)
+    hf = next((p for p in recs if p["system"] == "transformers" and p["dtype"] == dtype), None)
+    if not (ours and hf):
+        return "-"
+    if len(hf["times_s"]) != len(ours["times_s"]):
+        return f"{ours['metrics']['tokens_per_s'] / hf['metrics']['tokens_per_s']:.2f}"
+    return f"{judge(paired(hf['times_s'], ours['times_s']), 1.0, at_most=False).ratio:.2f}"
+
+
 def _speed(ours: dict[str, Any], peer: dict[str, Any], target: float, name: str) -> str:
     """"1.23x <name>'s tokens/s (rounds 1.1-1.3; target >= t: met)", speed as the inverse time ratio per round."""
     if len(peer["times_s"]) != len(ours["times_s"]):

@@ -56,7 +56,21 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> np.ndarray:
 def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequence[str], *,
               beam_size: int = BEAM_SIZE, alpha: float = ALPHA, batch_size: int = BATCH, truncate: bool = False
               ) -> list[str]:
-    """Translations of ``sentences`` (detokenised text, input order) by ``model`` of the impl module ``T``.
+    """Translations of ``sentences`` (detokenised text, input order) by ``model`` of the impl module ``T``:
+    ``search_ids``'s tokens, detokenised.
+
+    Raises:
+        ValueError: from ``source_ids`` for an empty or over-long sentence, before any search.
+    """
+    return tokenizer.decode(search_ids(T, model, tokenizer, sentences, beam_size=beam_size, alpha=alpha,
+                                       batch_size=batch_size, truncate=truncate))
+
+
+def search_ids(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequence[str], *,
+               beam_size: int = BEAM_SIZE, alpha: float = ALPHA, batch_size: int = BATCH, truncate: bool = False
+               ) -> list[np.ndarray]:
+    """The token ids ``model`` of the impl module ``T`` emits for each of ``sentences``, in input order: each
+    (L_b,) int64, EOS included, right-padded with pad as its batch was.
 
     ``beam_size`` 1 is greedy search (``T.greedy_search``), otherwise ``T.beam_search(model, src, beam_size,
     alpha)``; each with the API's default limit, source length + 50 new tokens, or ``max_len`` for a batch whose
@@ -68,7 +82,7 @@ def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequen
     c = model.config
     rows = source_ids(tokenizer, sentences, c.max_len, truncate)
     order = np.argsort([len(r) for r in rows], kind="stable")
-    out: list[str] = [""] * len(rows)
+    out: list[np.ndarray] = [np.zeros(0, np.int64)] * len(rows)
     for start in range(0, len(rows), batch_size):
         idx = order[start:start + batch_size]
         src = pad_rows([rows[i] for i in idx], c.pad_id)                                 # (B, S)
@@ -78,6 +92,6 @@ def translate(T: ModuleType, model: Any, tokenizer: Tokenizer, sentences: Sequen
             tokens = T.greedy_search(model, src, limit)                                   # (B, L)
         else:
             tokens = T.beam_search(model, src, beam_size, alpha, limit)                   # (B, L)
-        for i, text in zip(idx, tokenizer.decode(host(tokens)), strict=True):
-            out[i] = text
+        for i, row in zip(idx, host(tokens), strict=True):
+            out[i] = row.astype(np.int64)
     return out

@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from text import agreement, cli, corpus, data
 from text.tokenizer import Tokenizer
 from tools import HelpFormatter
@@ -93,29 +91,35 @@ def evaluate_all(systems: list[str], out: Path, limit: int | None) -> dict[str, 
 
 def same_checkpoint(out: Path, prepared: data.Prepared, n: int) -> dict:
     """The ``SAME_CHECKPOINT`` run's averaged weights translated greedily by every backend on the first ``n`` test
-    sentences that get the paper's search limit, against the reference's exact decisions (``text.agreement``):
-    on every decisive sentence all must give the reference's tokens."""
+    sentences that get the paper's search limit, against the reference's exact decisions (``text.agreement``,
+    ``spec.decisions``): on every decisive sentence all must emit the reference's token ids."""
     from spec import weights_io
-    from text.translate import translate
+    from text.translate import search_ids
 
     run = out / "runs" / SAME_CHECKPOINT
     config, params = weights_io.load_weights(run / "averaged.safetensors")
     tokenizer = Tokenizer.load(run / "tokenizer.model", config)
     sentences = agreement.fitting(tokenizer, prepared.test.sources, config.max_len)[:n]
-    ref, want = agreement.reference_translations(config, params, tokenizer, sentences)
-    want = np.array(want, dtype=object)
-    texts = {}
+    ref, _ = agreement.reference_translations(config, params, tokenizer, sentences)
+    ids = {}
     cli.load_backend("torch", threads=1)                                   # the thread settings, before any import
     for name in BACKENDS:
         T = cli.load_backend(name)
         model = T.load_weights(run / "averaged.safetensors")
-        texts[name] = np.array(translate(T, model, tokenizer, sentences, beam_size=1), dtype=object)
-    same = {name: t == want for name, t in texts.items()}                                    # (n,) bool each
-    return {"checkpoint": f"{SAME_CHECKPOINT}, averaged", "sentences": len(sentences),
-            "decisive": int(ref.decisive.sum()), "tolerance": ref.tolerance,
-            "identical_all_three": int(((texts["torch"] == texts["jax"]) & (texts["jax"] == texts["tf"])).sum()),
-            "equal_to_reference": {k: int(v.sum()) for k, v in same.items()},
-            "decisive_equal_to_reference": {k: int(v[ref.decisive].sum()) for k, v in same.items()}}
+        ids[name] = search_ids(T, model, tokenizer, sentences, beam_size=1)
+    texts = {name: tokenizer.decode(rows) for name, rows in ids.items()}
+    identical = sum(texts["torch"][i] == texts["jax"][i] == texts["tf"][i] for i in range(len(sentences)))
+    return {"checkpoint": f"{SAME_CHECKPOINT}, averaged", "identical_all_three": identical,
+            **agreement.judged(ref, ids)}
+
+
+def agreement_failures(same: dict) -> list[str]:
+    """What the same-checkpoint check found wrong: no decisive sentence (it judged nothing), or a decisive
+    sentence a backend decoded otherwise than the reference."""
+    if not same["decisive"]:
+        return [f"none of {same['sentences']} sentences was decisive: the agreement check judged nothing"]
+    return [f"{name}: decisive sentences {rows} differ from the reference's tokens"
+            for name, rows in same["decisive_differing"].items() if rows]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -148,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
     (a.out / "translate-demo.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
     from tools import translate_report
     translate_report.write(result, prepared, a.out, a.doc)
+    failures = agreement_failures(result["same_checkpoint"]) if "same_checkpoint" in result else []
+    if failures:  # after the report, which records the decisive counts either way
+        raise SystemExit("agreement of one checkpoint: " + "; ".join(failures))
     return result
 
 

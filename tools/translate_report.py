@@ -90,15 +90,7 @@ def write(result: dict, prepared: data.Prepared, out: Path, doc: Path | None = N
         figures = ", ".join(f"{b} {bleu:.2f}" for b, bleu in same["test_bleu"].items())
         parts.append(f"Test BLEU (beam 4) of one checkpoint ({same['checkpoint']}) in each backend: {figures}.\n")
     if same:
-        def counts(d: dict) -> str:
-            return ", ".join(f"{k} {v}" for k, v in d.items())
-        parts.append(f"One checkpoint ({same['checkpoint']}) translated greedily by the three backends, first "
-                     f"{same['sentences']} test sentences: identical text in all three for "
-                     f"{same['identical_all_three']}; equal to the reference's exact decoding: "
-                     f"{counts(same['equal_to_reference'])}. Decisive sentences (every decision's margin above twice "
-                     f"the logits tolerance, {same['tolerance']:.3g}, so that a conformant backend must decode them "
-                     f"as the reference does): {same['decisive']}, equal to the reference: "
-                     f"{counts(same['decisive_equal_to_reference']) if same['decisive'] else '-'}.\n")
+        parts.append(agreement_text(same))
     parts += ["![dev BLEU against minutes](translate-demo.png)\n", "### Ten test translations (averaged checkpoints)\n",
               examples(result, prepared, out)]
     (out / "translate-demo.md").write_text("\n".join(parts))
@@ -108,3 +100,19 @@ def write(result: dict, prepared: data.Prepared, out: Path, doc: Path | None = N
         head, rest = text.split("<!-- translate:begin -->", 1)
         doc.write_text(f"{head}<!-- translate:begin -->\n\n{body}\n<!-- translate:end -->"
                           f"{rest.split('<!-- translate:end -->', 1)[1]}")
+
+
+def agreement_text(same: dict) -> str:
+    """The same-checkpoint paragraph: identical texts, token ids equal to the reference's, and the decisive
+    sentences (``spec.decisions``) per backend, each of which must equal the reference."""
+    def counts(d: dict) -> str:
+        return ", ".join(f"{k} {v}" for k, v in d.items())
+    differing = {k: len(v) for k, v in same["decisive_differing"].items()}
+    return (f"One checkpoint ({same['checkpoint']}) translated greedily by the three backends, first "
+            f"{same['sentences']} test sentences: identical text in all three for {same['identical_all_three']}; "
+            f"token ids equal to the reference's exact decoding: {counts(same['equal_to_reference'])}. Judged per "
+            f"decision (`spec.decisions`: each emitted token's margin over the runner-up above twice the logits "
+            f"tolerance at its position; median tolerance {same['median_tolerance']:.3g}, median margin "
+            f"{same['median_margin']:.3g}, {same['decisive_decisions']:.1%} of decisions decisive): "
+            f"{same['decisive']} decisive sentences, which every conformant backend must decode as the reference; "
+            f"decisive sentences that differ: {counts(differing)}.\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -97,6 +98,7 @@ class Embedder(nn.Module):
         self.register_buffer("pe", pe, persistent=False)
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else None
         self.dtype = DTYPES[config.dtype]
+        self._rounded: tuple | None = None  # rounded_table's (weak reference to the table, its version, copy)
 
     def encode(self, ids: Tensor, start: int = 0) -> Tensor:
         """ids (B, L) at positions start..start+L-1 -> (B, L, D): the sum in fp32, rounded once (rule 3); rows of
@@ -115,10 +117,21 @@ class Embedder(nn.Module):
         bias = None if self.bias is None else round_to(self.bias, self.dtype)   # (V,) fp32
         return logits(x, table, bias, native_bf16=self.native_bf16)
 
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_rounded": None}  # a weak reference does not pickle; it is remade
+
     def rounded_table(self) -> Tensor:
         """The table as it enters the output product (rule 0): (V, D) fp32 holding ``config.dtype`` values; a copy
-        of V x D fp32 (the table itself for fp32 compute on fp32 weights)."""
-        return round_to(self.table, self.dtype)
+        of V x D fp32 (the table itself for fp32 compute on fp32 weights). Outside autograd the copy is kept with
+        the module and made again only when the table changes (another tensor, or written in place: its version
+        counter), so a decode step does not convert V x D values; under autograd it is made each call, as the
+        straight-through rounding of ``round_to``."""
+        if self.table.requires_grad and torch.is_grad_enabled():
+            return round_to(self.table, self.dtype)
+        key = (self.table._version, self.table.data_ptr(), self.dtype, torch.is_inference_mode_enabled())
+        if self._rounded is None or self._rounded[0]() is not self.table or self._rounded[1] != key:
+            self._rounded = (weakref.ref(self.table), key, round_to(self.table.detach(), self.dtype))
+        return self._rounded[2]
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:

@@ -226,3 +226,40 @@ def test_native_bf16_is_a_constructor_option_shown_in_repr_and_passed_to_every_p
     assert len(products) == 3 * TINY.n_decoder_layers + 2 * TINY.n_encoder_layers
     assert all(m.native_bf16 is native for m in products)
     assert impl_torch.Transformer(TINY).native_bf16 is False                              # the default
+
+
+def _decoded(model, src):
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src), src, capacity=4)
+        return model.decode([[1]], cache)[0]
+
+
+def test_the_kept_rounded_table_follows_every_change_of_the_table():
+    """Outside autograd the rounded table is kept with the model: each change of the table (written in place, as
+    an optimizer or load_state_dict does; other memory behind it, as ``Module.to`` gives) is seen by the next decode, which gives
+    what a model built from the changed weights gives."""
+    config, src = TINY.replace(param_dtype="float32"), [[5, 9, 17, 2]]
+    model, other = impl_torch.Transformer(config, seed=0), impl_torch.Transformer(config, seed=1)
+    _decoded(model, src)
+    with torch.no_grad():
+        model.embedder.table.mul_(1.5)
+    want = impl_torch.from_params(config, impl_torch.params_of(model))
+    torch.testing.assert_close(_decoded(model, src), _decoded(want, src), rtol=0, atol=0)
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(_decoded(model, src), _decoded(other, src), rtol=0, atol=0)
+    model.embedder.table.data = other.embedder.table.detach() * 2      # another tensor's memory, as .to() gives
+    want = impl_torch.from_params(config, impl_torch.params_of(model))
+    torch.testing.assert_close(_decoded(model, src), _decoded(want, src), rtol=0, atol=0)
+
+
+def test_a_model_that_decoded_still_copies_and_pickles():
+    import copy
+    import io
+
+    model, src = impl_torch.Transformer(TINY, seed=0), [[5, 9, 17, 2]]
+    want = _decoded(model, src)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    for twin in (copy.deepcopy(model), loaded):
+        torch.testing.assert_close(_decoded(twin, src), want, rtol=0, atol=0)

@@ -4,7 +4,8 @@ Two subjects timed together (``common.measure_together``) give one ratio per rou
 a drift of the machine inside a round weighs on both, between rounds it moves the ratio. A target is met (✓) when
 the ``LOW``-``HIGH`` quantile interval of those ratios lies wholly on its side, missed (✗) when wholly on the
 other, and undecided otherwise: more rounds (up to ``MAX_ROUNDS``) narrow the interval, and a ratio whose
-interval still covers the target at the cap is reported as undecided rather than given a verdict.
+interval still covers the target at the cap is reported as undecided rather than given a verdict. Fewer than
+``MIN_ROUNDS`` rounds decide nothing: the quantiles of two or three ratios are those ratios themselves.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 LOW, HIGH = 0.1, 0.9   # the interval: the 10% and 90% quantiles of the per-round ratios
+MIN_ROUNDS = 5         # rounds a verdict needs: below it, undecided
 MAX_ROUNDS = 25        # rounds a measurement adds, at most, to decide a verdict
 MET, MISSED, UNDECIDED = "✓", "✗", "undecided"
 
@@ -32,6 +34,8 @@ class Verdict:
 
     @property
     def outcome(self) -> str:
+        if self.rounds < MIN_ROUNDS:
+            return UNDECIDED
         good = self.high <= self.target if self.at_most else self.low >= self.target
         bad = self.low > self.target if self.at_most else self.high < self.target
         return MET if good else MISSED if bad else UNDECIDED

@@ -12,11 +12,13 @@ from bench.common import measure_together
 
 
 @pytest.mark.parametrize("ratios, target, at_most, outcome", [
-    ([0.90, 0.95, 0.97, 0.99], 1.0, True, "✓"),
-    ([0.90, 0.95, 1.02, 1.05], 1.0, True, "undecided"),     # the spread covers the target
-    ([1.02, 1.04, 1.05, 1.10], 1.0, True, "✗"),
-    ([5.5, 6.0, 6.1], 5.0, False, "✓"),
-    ([4.0, 4.5, 4.9], 5.0, False, "✗"),
+    ([0.90, 0.95, 0.97, 0.99, 0.96], 1.0, True, "✓"),
+    ([0.90, 0.95, 1.02, 1.05, 0.97], 1.0, True, "undecided"),     # the spread covers the target
+    ([1.02, 1.04, 1.05, 1.10, 1.03], 1.0, True, "✗"),
+    ([5.5, 6.0, 6.1, 5.8, 5.9], 5.0, False, "✓"),
+    ([4.0, 4.5, 4.9, 4.2, 4.4], 5.0, False, "✗"),
+    ([0.5, 0.5, 0.5, 0.5], 1.0, True, "undecided"),               # fewer than MIN_ROUNDS rounds decide nothing
+    ([2.0, 2.0], 1.0, True, "undecided"),
 ])
 def test_a_verdict_needs_the_whole_interval_on_one_side(ratios, target, at_most, outcome):
     v = verdict.judge(ratios, target, at_most)
@@ -52,6 +54,7 @@ def test_a_measurement_adds_rounds_until_decided_and_stops_at_the_cap():
 def test_the_forward_rule_compares_bf16_with_fp32_and_the_fastest_peer():
     which = [("bfloat16", False), ("bfloat16", True), ("float32", False), ("float32", True)]
     until = verdict.forward_until(which)
-    fast, slow = [1.0, 1.0, 1.0], [2.0, 2.1, 1.9]
-    assert until([fast, slow, slow, [3.0] * 3])                  # ours bf16 ahead of fp32 and of the best peer
-    assert not until([fast, [1.0, 0.95, 1.05], slow, slow])      # against the best peer: the interval covers 1
+    fast, slow = [1.0] * 5, [2.0, 2.1, 1.9, 2.0, 2.2]
+    assert until([fast, slow, slow, [3.0] * 5])                  # ours bf16 ahead of fp32 and of the best peer
+    assert not until([fast, [1.0, 0.95, 1.05, 1.0, 0.97], slow, slow])   # the best peer: the interval covers 1
+    assert not until([fast[:3], slow[:3], slow[:3], [3.0] * 3])  # three rounds decide nothing

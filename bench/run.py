@@ -50,7 +50,7 @@ from bench.translate_run import run_translate
 from spec.flops import forward_flops, train_step_flops
 
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch", "memory")
-STEP_ROUNDS, MAX_STEP_ROUNDS = verdict.MIN_ROUNDS, 8   # rounds of the per-step costs: at least, and at most while undecided
+STEP_ROUNDS, MAX_STEP_ROUNDS = verdict.MIN_ROUNDS, 8   # rounds of the step series: at least, at most while undecided
 console = Console(stderr=True)
 
 
@@ -280,7 +280,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--paper-forward-batches", type=_ints, default=[8, 64, 390], help="B of the paper_batch forward")
     p.add_argument("--paper-train-batches", type=_ints, default=[8, 16, 32], help="B of the paper_batch step")
     p.add_argument("--translate-batches", type=_ints, default=[1, 32], help="B of the translate workload")
-    p.add_argument("--translate-rounds", type=int, default=verdict.MIN_ROUNDS, help="processes per system of the translate workload")
+    p.add_argument("--translate-rounds", type=int, default=verdict.MIN_ROUNDS,
+                   help="processes per system of the translate workload")
     p.add_argument("--threads", type=int, default=os.cpu_count(),
                    help="intra-op threads of torch and CTranslate2 in the translate and memory workloads' processes")
     return p

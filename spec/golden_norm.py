@@ -36,6 +36,11 @@ CANCEL_DESCRIPTION = {
 }
 
 
+def description(layer: str, variant: str, dtype: str) -> dict[str, str]:
+    """``{"description": ...}`` for a cancellation case's meta.json, what its inputs show; {} for any other case."""
+    return {"description": CANCEL_DESCRIPTION[dtype]} if (layer, variant) == ("add_norm", "cancel") else {}
+
+
 def add_norm_inputs(act: np.dtype, D: int, rng: np.random.Generator, x: Callable, variant: str
                     ) -> dict[str, np.ndarray]:
     """x, y (B, S, D) in the activation dtype ``act``; ``x(*shape, scale=)`` draws rounded normals from ``rng``."""

@@ -102,8 +102,7 @@ def _layer_case(w: Writer, layer: str, dtype: str, variant: str = "") -> None:
     faithful = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics(c.dtype))
     meta = {"kind": "layer", "layer": layer, "prefix": LAYER_PREFIX[layer],
             "tensors": faithful_stats(exact, faithful, c, {}, {}, unit=unit_of_layer_output(layer, c))}
-    if variant == "cancel":  # what the inputs show, and what the contract gives for them
-        meta["description"] = golden_norm.CANCEL_DESCRIPTION[dtype]
+    meta.update(golden_norm.description(layer, variant, dtype))  # what the inputs show: the cancellation cases'
     rounded = unit_of_layer_output(layer, c) == "bfloat16"  # a bf16 rounding point (a bf16 config's activation)
     stored = {k: v.astype(ml_dtypes.bfloat16) for k, v in faithful.items()} if rounded else None  # exact casts
     w.write(name, meta, inputs, exact, c, params, seed, faithful=stored)

@@ -64,6 +64,8 @@ def _one_off(c: np.ndarray, d: np.ndarray, rng: np.random.Generator, D: int) -> 
 
 
 def _cancel_rows_fp32(rng: np.random.Generator, D: int) -> np.ndarray:
+    """(B, S, D): multiples of 2^-7 below 2^9, so that every sum of 32 of them, and of their deviations' squares
+    (multiples of 2^-24, summing to under 2^-1), fits fp32's 24 bits: two passes are exact in any order."""
     sign = rng.choice([-1.0, 1.0], (B, S))
     x = np.empty((B, S, D))
     even = sign[:, ::2] * rng.choice([128.0, 256.0], sign[:, ::2].shape)
@@ -74,6 +76,7 @@ def _cancel_rows_fp32(rng: np.random.Generator, D: int) -> np.ndarray:
 
 
 def _cancel_rows_bf16(rng: np.random.Generator, D: int) -> np.ndarray:
+    """(B, S, D): the largest ratio of mean to spread bf16 rows of D elements can hold, one element an ulp off."""
     c = (rng.choice([-1.0, 1.0], B * S) * rng.choice([127.5, 255.0, 1020.0], B * S))
     ulp = np.abs(c) / 255.0  # c = 255 ulps: the largest value of its binade, one ulp apart from its neighbours
     return _one_off(c, rng.choice([-1.0, 1.0], B * S) * ulp, rng, D).reshape(B, S, D)

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import safetensors.numpy
 
-from spec import golden_lm, golden_search, golden_training
+from spec import golden_lm, golden_norm, golden_search, golden_training
 from spec import reference as ref
 from spec.config import Config
 from spec.golden_cases import GOLDEN_DIR, Writer, checked_part, config, faithful_stats, make_params, random_tokens
@@ -63,13 +63,7 @@ def _layer_inputs(layer: str, c: Config, rng: np.random.Generator, variant: str 
     if layer == "multi_head_attention":
         return {"x_q": x(B, T, D), "x_kv": x(B, S, D), "mask": key_mask}
     if layer == "add_norm":
-        if variant == "large_mean":
-            # A mean of 300 beside a spread of 4: a bf16 ulp at 300 is 2, so a mean or variance rounded to bf16
-            # (against rule 6) loses the statistics, where fp32 statistics keep them to about 1e-5. y is zero, so that
-            # the bf16 residual sum is exact and the output's rounding is the faithful reference's only error.
-            return {"x": (300.0 + x(B, S, D, scale=4.0).astype(np.float32)).astype(act), "y": np.zeros((B, S, D), act)}
-        # Variance ~1e-6, comparable to layer_norm_eps: the eps is observable.
-        return {"x": x(B, S, D, scale=1e-3), "y": x(B, S, D, scale=1e-3)}
+        return golden_norm.add_norm_inputs(act, D, rng, x, variant)
     if layer == "feed_forward":
         return {"x": x(B, S, D)}
     if layer == "encoder_layer":
@@ -108,6 +102,7 @@ def _layer_case(w: Writer, layer: str, dtype: str, variant: str = "") -> None:
     faithful = ref.run_layer(layer, P, LAYER_PREFIX[layer], I, c, Numerics(c.dtype))
     meta = {"kind": "layer", "layer": layer, "prefix": LAYER_PREFIX[layer],
             "tensors": faithful_stats(exact, faithful, c, {}, {}, unit=unit_of_layer_output(layer, c))}
+    meta.update(golden_norm.description(layer, variant, dtype))  # what the inputs show: the cancellation cases'
     rounded = unit_of_layer_output(layer, c) == "bfloat16"  # a bf16 rounding point (a bf16 config's activation)
     stored = {k: v.astype(ml_dtypes.bfloat16) for k, v in faithful.items()} if rounded else None  # exact casts
     w.write(name, meta, inputs, exact, c, params, seed, faithful=stored)
@@ -174,6 +169,8 @@ def generate(root: Path) -> None:
     _layer_case(w, "scaled_dot_product_attention", "bfloat16", variant="shifted")
     _layer_case(w, "scaled_dot_product_attention", "bfloat16", variant="overflow")
     _layer_case(w, "add_norm", "bfloat16", variant="large_mean")
+    for dtype in ("bfloat16", "float32"):
+        _layer_case(w, "add_norm", dtype, variant="cancel")
     _forward_case(w, "forward_tiny_bfloat16", "tiny", "bfloat16", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_float32", "tiny", "float32", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_prenorm_bfloat16", "tiny_prenorm", "bfloat16", 2, [8, 8], 8, [6, 6], 6)

@@ -35,6 +35,11 @@ In ``dtype="bfloat16"`` mode:
    Outputs at padding query positions are unspecified but finite.
 5. Residual add of two bf16 values is rounded to bf16.
 6. LayerNorm: statistics and normalisation in fp32, result rounded to bf16.
+   The statistics take two passes, the mean and then the mean of
+   ``(x - mean)^2``, not ``E[x^2] - E[x]^2`` (which cancels where a row's mean
+   dwarfs its spread) nor running (Welford) updates, whose rounded divisions
+   leave the mean off by about an fp32 ulp of itself, an error that the
+   normalisation divides by the spread.
 7. Logits: final hidden (bf16) times ``E^T`` with fp32 accumulation, plus
    the ``logits_bias`` parameter if ``config.logits_bias``, returned as
    float32 and never rounded to bf16.

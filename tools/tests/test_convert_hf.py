@@ -1,6 +1,6 @@
 """Checkpoints from and to ``transformers`` (``spec.convert``) in every backend, without a network: a
-``MarianMTModel`` and a ``GPT2LMHeadModel`` built from small configs with random weights, saved as the hub stores
-them, converted, and run in each impl; and our weights loaded by ``transformers``.
+``MarianMTModel`` built from a small config with random weights, saved as the hub stores it, converted, and run in
+each impl; and our weights loaded by ``transformers``. GPT-2's: ``tools.tests.test_convert_gpt2_hf``.
 
 Logits are judged as the conformance suite judges an fp32 forward (``spec.tolerance.judge`` against the exact
 forward of the converted model, given the fp32-faithful reference's own error), ``transformers``' own logits by the
@@ -20,11 +20,10 @@ import pytest
 import spec
 import spec.reference as ref
 from spec import tolerance
-from spec.convert import gpt2, marian
+from spec.convert import marian
 from spec.golden_cases import random_tokens, valid_rows
 from spec.numerics import Numerics
 from text import cli
-from text.bpe import ByteLevelBPE
 from text.marian import MarianTokenizer
 from text.translate import host
 
@@ -35,11 +34,11 @@ BACKENDS = ("torch", "jax", "tf")
 V, NEW = 99, 12   # the checkpoints' vocabulary; greedy tokens per row
 
 
-def _impl(backend: str):
+def impl_of(backend: str):
     return importlib.import_module(f"impl_{backend}")
 
 
-def _randomise_biases(model) -> None:
+def randomise_biases(model) -> None:
     """The hub's init leaves biases at zero and LayerNorms at one: a converter that dropped them would pass."""
     torch.manual_seed(1)
     with torch.no_grad():
@@ -61,7 +60,7 @@ def marian_model(tmp_path_factory):
         pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1, activation_function="swish",
         scale_embedding=True)
     model = transformers.MarianMTModel(hf).eval()
-    _randomise_biases(model)
+    randomise_biases(model)
     with torch.no_grad():
         model.final_logits_bias[0, 0] = 1.3   # EOS: random weights then end every row after about 8 tokens
     folder = tmp_path_factory.mktemp("marian")
@@ -90,25 +89,12 @@ def _marian_tokenizer(folder) -> None:
     (folder / "vocab.json").write_text(json.dumps(vocab))
 
 
-@pytest.fixture(scope="module")
-def gpt2_model(tmp_path_factory):
-    """(folder, GPT2LMHeadModel) with GPT-2's one special token, BOS and EOS at once, and no pad token."""
-    torch.manual_seed(0)
-    hf = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=V - 1,
-                                 eos_token_id=V - 1)
-    model = transformers.GPT2LMHeadModel(hf).eval()
-    _randomise_biases(model)
-    folder = tmp_path_factory.mktemp("gpt2")
-    model.save_pretrained(folder)
-    return folder, model
-
-
 def _marian_batch(config) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     return random_tokens(rng, config, [9, 5, 7], 9, bos=False), random_tokens(rng, config, [7, 4, 6], 7, bos=True)
 
 
-def _judge(got: np.ndarray, exact: np.ndarray, faithful: np.ndarray, rows: np.ndarray, pad_id: int):
+def judge(got: np.ndarray, exact: np.ndarray, faithful: np.ndarray, rows: np.ndarray, pad_id: int):
     pick = lambda a: valid_rows(np.asarray(a, np.float64)[..., :V], rows, pad_id)  # noqa: E731
     return tolerance.judge(pick(got), pick(exact), tolerance.error_stats(pick(faithful), pick(exact), "float32"))
 
@@ -128,9 +114,9 @@ def test_a_marian_checkpoint_computes_transformers_logits_in_every_backend(backe
     P = ref.as_float64(params, config)
     exact, faithful = (ref.forward(P, src, tgt_in, config, Numerics(m)) for m in ("exact", "float32"))
     theirs = _marian_logits(hf_model, src, tgt_in, config.pad_id, config.pad_id)
-    assert _judge(theirs, exact, faithful, tgt_in, config.pad_id).ok   # the conversion is the same function
-    ours = host(_impl(backend).from_params(config, params)(src, tgt_in))
-    verdict = _judge(ours, exact, faithful, tgt_in, config.pad_id)
+    assert judge(theirs, exact, faithful, tgt_in, config.pad_id).ok   # the conversion is the same function
+    ours = host(impl_of(backend).from_params(config, params)(src, tgt_in))
+    verdict = judge(ours, exact, faithful, tgt_in, config.pad_id)
     assert verdict.ok, verdict.reason()
     assert np.abs(valid_rows(ours[..., :V] - theirs, tgt_in, config.pad_id)).max() < 1e-5
 
@@ -144,7 +130,7 @@ def test_a_marian_checkpoint_translates_as_transformers_does(backend, marian_mod
         theirs = hf_model.generate(torch.tensor(src), attention_mask=torch.tensor(src != config.pad_id),
                                    num_beams=1, do_sample=False, max_new_tokens=NEW, forced_eos_token_id=None,
                                    bad_words_ids=[[config.pad_id]]).numpy()[:, 1:]  # without the start token
-    ours = host(_impl(backend).greedy_search(_impl(backend).from_params(config, params), src, NEW))
+    ours = host(impl_of(backend).greedy_search(impl_of(backend).from_params(config, params), src, NEW))
     assert _margin(params, config, src, ours) > 1e-4                     # far above fp32 noise (~1e-6 here)
     width = max(ours.shape[1], theirs.shape[1])
     pad = lambda a: np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=config.pad_id)  # noqa: E731
@@ -154,9 +140,15 @@ def test_a_marian_checkpoint_translates_as_transformers_does(backend, marian_mod
 def _margin(params, config, src, out) -> float:
     """The smallest gap between the chosen and the next logit over the greedy decisions of ``out``, exact."""
     tgt_in = np.concatenate([np.full((len(src), 1), config.bos_id), out[:, :-1]], axis=1)
-    logits = ref.forward(ref.as_float64(params, config), src, tgt_in, config, Numerics("exact"))[..., :V]
-    top2 = np.sort(logits, axis=-1)[..., -2:]
-    return float(valid_rows(top2[..., 1] - top2[..., 0], tgt_in, config.pad_id).min())
+    return smallest_gap(ref.forward(ref.as_float64(params, config), src, tgt_in, config, Numerics("exact")),
+                         tgt_in, config.pad_id)
+
+
+def smallest_gap(logits: np.ndarray, rows: np.ndarray, pad_id: int) -> float:
+    """The smallest gap between the largest and the next of ``logits`` (B, T, >= V) over the checkpoint's
+    vocabulary, at ``rows``' (B, T) non-pad positions."""
+    top2 = np.sort(logits[..., :V], axis=-1)[..., -2:]
+    return float(valid_rows(top2[..., 1] - top2[..., 0], rows, pad_id).min())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -164,7 +156,7 @@ def test_our_weights_are_read_by_marian_from_every_backend(backend, tmp_path):
     config = spec.preset("tiny", vocab_size=V, d_k=8, d_v=8, activation="silu", attention_bias=True,
                          logits_bias=True, positions="sinusoidal_halves", layer_norm_eps=1e-5, dtype="float32",
                          param_dtype="float32")
-    impl = _impl(backend)
+    impl = impl_of(backend)
     params = impl.params_of(impl.from_params(config, spec.init_params(config, 3, observable=True)))
     marian.save(tmp_path, config, params)
     hf_model = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
@@ -172,47 +164,7 @@ def test_our_weights_are_read_by_marian_from_every_backend(backend, tmp_path):
     P = ref.as_float64(params, config)
     exact, faithful = (ref.forward(P, src, tgt_in, config, Numerics(m)) for m in ("exact", "float32"))
     theirs = _marian_logits(hf_model, src, tgt_in, config.bos_id, config.pad_id)
-    verdict = _judge(theirs, exact, faithful, tgt_in, config.pad_id)
-    assert verdict.ok, verdict.reason()
-
-
-def _lm_judge(got, params, config, tokens):
-    P = ref.as_float64(params, config)
-    exact, faithful = (ref.LanguageModel(P, config, Numerics(m)).forward(tokens) for m in ("exact", "float32"))
-    return _judge(got, exact, faithful, tokens, config.pad_id)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_gpt2_checkpoint_computes_and_continues_as_transformers_does(backend, gpt2_model):
-    folder, hf_model = gpt2_model
-    config, params = gpt2.load(folder)
-    tokens = np.random.default_rng(0).integers(0, V, (2, 9))
-    with torch.no_grad():
-        theirs = hf_model(input_ids=torch.tensor(tokens)).logits.numpy()
-        continued = hf_model.generate(torch.tensor(tokens), do_sample=False, max_new_tokens=NEW,
-                                      pad_token_id=config.eos_id).numpy()[:, tokens.shape[1]:]
-    assert _lm_judge(theirs, params, config, tokens).ok
-    impl = _impl(backend)
-    model = impl.from_params(config, params)
-    verdict = _lm_judge(host(model(tokens)), params, config, tokens)
-    assert verdict.ok, verdict.reason()
-    ours = host(impl.generate(model, tokens, NEW, temperature=0.0))
-    assert np.array_equal(ours, continued[:, :ours.shape[1]]) and ours.shape[1] == NEW
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_our_language_model_is_read_by_gpt2_from_every_backend(backend, tmp_path):
-    config = spec.preset("lm_tiny", vocab_size=V, d_k=8, d_v=8, activation="gelu_tanh", attention_bias=True,
-                         positions="learned", scale_embedding=False, layer_norm_eps=1e-5, dtype="float32",
-                         param_dtype="float32")
-    impl = _impl(backend)
-    params = impl.params_of(impl.from_params(config, spec.init_params(config, 3, observable=True)))
-    gpt2.save(tmp_path, config, params)
-    hf_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
-    tokens = np.random.default_rng(1).integers(3, V, (2, 9))
-    with torch.no_grad():
-        theirs = hf_model(input_ids=torch.tensor(tokens)).logits.numpy()
-    verdict = _lm_judge(theirs, params, config, tokens)
+    verdict = judge(theirs, exact, faithful, tgt_in, config.pad_id)
     assert verdict.ok, verdict.reason()
 
 
@@ -246,27 +198,3 @@ def test_a_marian_folder_translates_from_the_command_line_as_transformers_does(b
               str(tmp_path / "in.txt")])
     lines = capsys.readouterr().out.splitlines()
     assert lines == theirs_tokenizer.batch_decode(out, skip_special_tokens=True) and all(lines)
-
-
-def test_a_gpt2_tokenizer_reads_text_as_transformers_does(tmp_path):
-    """vocab.json and merges.txt of a byte-level BPE with ``<|endoftext|>`` last, as GPT-2's folder holds them;
-    the config as ``spec.convert.gpt2`` converts such a checkpoint (pad and BOS appended)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    rng = np.random.default_rng(0)
-    texts = [" ".join(rng.choice(WORDS, 8)) for _ in range(200)]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.model.save(str(tmp_path))
-    V, eot = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
-    config = spec.preset("lm_tiny", vocab_size=V + 2, pad_id=V, bos_id=V + 1, eos_id=eot)
-    ours = ByteLevelBPE.from_gpt2(tmp_path, config)
-    theirs = transformers.GPT2Tokenizer.from_pretrained(tmp_path)
-    for text in ["the cat sat on the mat", "  Grüße, 世界!\n\tdone"]:
-        assert ours.encode(text) == theirs(text).input_ids
-        assert ours.decode(ours.encode(text) + [eot, V]) == text
-    assert eot not in ours.encode("slowly<|endoftext|>")    # the name in a text is text, as text.bpe says
-    assert (ours.pad_id, ours.bos_id, ours.eos_id) == (V, V + 1, eot)

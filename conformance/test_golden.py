@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from conformance import golden as G
-from spec import agreement, golden_cases, golden_recipes, golden_training
+from conformance.oracle import golden_training
+from spec import agreement, golden_cases, golden_recipes
 from spec.training import TrainConfig
 
 
@@ -100,7 +101,8 @@ def test_golden_sample(case, backend):
 @pytest.mark.parametrize("case", G.cases("train"), ids=lambda c: c.name)
 def test_golden_train(case, model_for, record, record_property):
     """Loss per step, the first step's gradients and the weights after steps 1 and 3 (spec.golden_training), judged
-    on whole tensors against the spec's exact run, recomputed live and checked against what the case stores."""
+    on whole tensors against the spec's exact run, recomputed live by the oracle (``conformance.oracle``, out of
+    ``--mutant``'s reach) and checked against what the case stores."""
     t = case.meta["train"]
     batches = golden_training.batches_of(case.inputs)
     c, params = golden_cases.case_params(case.meta, case.params)

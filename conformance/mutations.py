@@ -31,7 +31,8 @@ _original = {target: resolve(target) for target in (
     "layers.positional_encoding", "layers.Embedder.encode", "layers.Embedder.decode",
     "layers.scaled_dot_product_attention", "layers.LayerNorm.__init__", "layers.EncoderLayer.__init__",
     "layers.DecoderLayer.__init__", "search.length_penalty", "search.greedy_search",
-    "training.label_smoothed_cross_entropy", "training.loss_gradient", "training.adam_update")}
+    "training.label_smoothed_cross_entropy", "training.loss_gradient", "training.adam_update",
+    "backward_layers.accumulate")}
 
 
 def _pe_sin_cos_swapped(length, d_model, halves=False):
@@ -159,6 +160,13 @@ def _weight_gradients_in_bf16(grads, name, contribution, nx):
     grads[name] = nx.act(grads[name] + nx.act(contribution))  # parameter gradients must be fp32 (spec.backward)
 
 
+def _layer_norm_scale_gradient_in_bf16(grads, name, contribution, nx):
+    # One vector's gradient rounded, every other fp32: a LayerNorm scale, present in every model's decoder.
+    if name != "decoder.layers.0.ffn_norm.scale":
+        return _original["backward_layers.accumulate"](grads, name, contribution, nx)
+    return _weight_gradients_in_bf16(grads, name, contribution, nx)
+
+
 def _untied_output(self, x):
     rng = np.random.default_rng(0)  # an output matrix of the right shape and scale that is not the embedding
     w = rng.uniform(-1, 1, self.table.shape) * np.sqrt(3.0 / self.table.shape[1])
@@ -275,6 +283,7 @@ MUTANTS: dict[str, tuple] = {
     "padding_counted_in_loss": (("training.label_smoothed_cross_entropy", _loss_counting_padding),
                                 ("training.loss_gradient", _loss_gradient_counting_padding)),
     "weight_gradients_in_bf16": ("backward_layers.accumulate", _weight_gradients_in_bf16),
+    "layer_norm_scale_gradient_in_bf16": ("backward_layers.accumulate", _layer_norm_scale_gradient_in_bf16),
     "adam_beta2_0.999": ("training.adam_update", _adam_beta2_0999),
     "schedule_without_warmup": ("training.learning_rate", _schedule_without_warmup),
 }

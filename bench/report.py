@@ -22,8 +22,8 @@ from typing import Any
 from bench import lm_report, paper_batch, targets, translate_report
 from bench.charts import chart
 from bench.targets import frameworks, one, records
+from spec.api import BACKENDS
 
-FRAMEWORKS = ("torch", "jax", "tf")
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch",
              "memory")
 # Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, help="with --doc: copy the report and charts here (bench/results)")
     args = p.parse_args(argv)
     runs = [json.loads(f.read_text()) for f in args.files]
-    runs.sort(key=lambda r: FRAMEWORKS.index(r["environment"]["framework"]))
+    runs.sort(key=lambda r: BACKENDS.index(r["environment"]["framework"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(runs, indent=1))
     charts = [chart(runs, w, args.out) for w in ("forward", "greedy", "beam", "train", "scaling")]
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _full(runs: list[dict[str, Any]]) -> bool:
-    return ({r["environment"]["framework"] for r in runs} == set(FRAMEWORKS)
+    return ({r["environment"]["framework"] for r in runs} == set(BACKENDS)
             and all(set(r["options"]["workloads"]) >= set(WORKLOADS) for r in runs))
 
 

@@ -45,6 +45,7 @@ from bench.lm_run import run_lm
 from bench.memory import run_memory
 from bench.paper_batch import run_paper_batch
 from bench.translate_run import run_translate
+from spec.api import BACKENDS
 from spec.flops import forward_flops, train_step_flops
 
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch", "memory")
@@ -238,7 +239,7 @@ def _ints(text: str) -> list[int]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--framework", required=True, choices=("torch", "jax", "tf"))
+    p.add_argument("--framework", required=True, choices=BACKENDS)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--out", default="reports/bench")
     p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))

@@ -30,12 +30,12 @@ import numpy as np
 from rich import console, progress
 
 from bench.common import machine
+from spec.api import BACKENDS
 from spec.config import Config
+from spec.data_parallel_cli import HelpFormatter
 from spec.training import TrainConfig
 from text import cli
 from text.bpe import ByteLevelBPE
-from tools import HelpFormatter
-from tools.train_demo import BACKENDS
 
 HELDOUT_SHARE = 0.10
 VOCAB = 2048

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+# spec.api.BACKENDS, written out: this report and tools.lm_report run where only matplotlib is installed.
 FRAMEWORKS = ("torch", "jax", "tf")
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "train_demo"  # the committed copy docs/training.md shows
 PNG, JSON = "train-demo.png", "train-demo.json"

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.common import machine
+from spec.api import BACKENDS
 from text import data
 
-NAMES = {"torch": "impl_torch", "jax": "impl_jax", "tf": "impl_tf", "peer": "torch.nn.Transformer (peer)"}
+NAMES = {**{b: f"impl_{b}" for b in BACKENDS}, "peer": "torch.nn.Transformer (peer)"}
 
 
 def _machine_line() -> str:

@@ -123,12 +123,13 @@ def _best_matmul(runs: list[dict[str, Any]], fw: str) -> dict[str, dict[str, Any
     return best
 
 
-def _rates(runs: list[dict[str, Any]], fw: str) -> dict[str, float]:
+def matmul_rates(runs: list[dict[str, Any]], fw: str) -> dict[str, float]:
+    """{dtype: the framework's best matrix-product rate, FLOP/s}: the denominators of utilisation."""
     return {dtype: r["metrics"]["flop_per_s"] for dtype, r in _best_matmul(runs, fw).items()}
 
 
 def _paper_batch(runs: list[dict[str, Any]]) -> str:
-    return paper_batch.table(runs, {fw: _rates(runs, fw).get("bfloat16") for fw in frameworks(runs)})
+    return paper_batch.table(runs, {fw: matmul_rates(runs, fw).get("bfloat16") for fw in frameworks(runs)})
 
 
 def _peak(runs: list[dict[str, Any]], fw: str) -> float | None:
@@ -143,7 +144,7 @@ def timed_table(runs: list[dict[str, Any]], workload: str) -> str:
     recs = records(runs, workload)
     fastest = min((r["timing"]["median_s"] for r in recs), default=None)
     for r in recs:
-        rate, rates, peak = r["metrics"]["flop_per_s"], _rates(runs, r["framework"]), _peak(runs, r["framework"])
+        rate, rates, peak = r["metrics"]["flop_per_s"], matmul_rates(runs, r["framework"]), _peak(runs, r["framework"])
         pct = [f"{100 * rate / rates[d]:.0f}%" if d in rates else "—" for d in ("float32", "bfloat16")]
         spread = f"{r['timing']['min_s'] * 1e3:,.0f}–{r['timing']['max_s'] * 1e3:,.0f}"  # ratios inside it are noise
         rows.append(f"| {r['subject']} | {r['dtype']} | {_ms(r)} | {spread} | {rate / 1e9:,.0f} | {pct[0]} | "

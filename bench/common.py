@@ -9,6 +9,9 @@ times them here.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import os
+import platform
 import resource
 import sys
 import time
@@ -37,6 +40,26 @@ def rss_mb() -> float:
         return int(line.split()[1]) / 1024                                  # kB
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024       # bytes on macOS, KiB elsewhere
+
+
+def machine() -> dict[str, Any]:
+    """The machine a record was made on: CPU model, cores, memory (GiB), the SIMD extensions the kernels use,
+    Python, OS and the date; every report's and chart's footnote names it."""
+    info = _cpuinfo()
+    cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
+               platform.processor() or "unknown CPU")
+    flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    simd = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_gib, 1), "simd": simd,
+            "python": platform.python_version(), "os": platform.platform(), "date": datetime.date.today().isoformat()}
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 def bench_params(config: Config, seed: int = 0) -> dict[str, np.ndarray]:

@@ -17,12 +17,13 @@ from typing import Any
 import matplotlib
 import numpy as np
 
+from spec.api import BACKENDS
+
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.verdict import judge, paired  # noqa: E402
 
-FRAMEWORKS = ("torch", "jax", "tf")
 WORKLOADS = ("lm_prefill", "lm_decode", "lm_generate")
 
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     runs = sorted((json.loads(f.read_text()) for f in args.files),
-                  key=lambda r: FRAMEWORKS.index(r["environment"]["framework"]))
+                  key=lambda r: BACKENDS.index(r["environment"]["framework"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lm.json").write_text(json.dumps(runs, indent=1))
     chart = lm_chart(runs, args.out)
@@ -136,7 +137,7 @@ def lm_chart(runs: list[dict[str, Any]], out: Path) -> Path | None:
             ax, recs = axes[row][col], [r for r in _recs(runs, workload) if r["dims"]["B"] == B]
             values = [r["metrics"]["tokens_per_s"] for r in recs]
             bars = ax.bar(range(len(recs)), values,
-                          color=[f"C{FRAMEWORKS.index(r['framework'])}" for r in recs])
+                          color=[f"C{BACKENDS.index(r['framework'])}" for r in recs])
             for bar, r in zip(bars, recs, strict=True):
                 bar.set_alpha(1.0 if r["dtype"] == "bfloat16" else 0.55)
                 bar.set_hatch("" if r["subject"].startswith("impl_") else "//")

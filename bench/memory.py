@@ -26,6 +26,7 @@ from typing import Any
 
 import spec
 from bench.common import bench_params, inputs, rss_mb, targets
+from spec.api import BACKENDS
 
 WORKLOADS = ("forward", "greedy", "beam", "train")
 OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
 def subject_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options naming one subject's workload (``subject``'s ``args``), added to ``p``; ``bench.profile``
     shares them."""
-    p.add_argument("--framework", required=True, choices=("torch", "jax", "tf"))
+    p.add_argument("--framework", required=True, choices=BACKENDS)
     p.add_argument("--workload", required=True, choices=WORKLOADS)
     p.add_argument("--subject", default="ours", choices=("ours", "peer"))
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))

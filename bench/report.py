@@ -22,8 +22,8 @@ from typing import Any
 from bench import lm_report, paper_batch, targets, translate_report
 from bench.charts import chart
 from bench.targets import frameworks, one, records
+from spec.api import BACKENDS
 
-FRAMEWORKS = ("torch", "jax", "tf")
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch",
              "memory")
 # Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, help="with --doc: copy the report and charts here (bench/results)")
     args = p.parse_args(argv)
     runs = [json.loads(f.read_text()) for f in args.files]
-    runs.sort(key=lambda r: FRAMEWORKS.index(r["environment"]["framework"]))
+    runs.sort(key=lambda r: BACKENDS.index(r["environment"]["framework"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(runs, indent=1))
     charts = [chart(runs, w, args.out) for w in ("forward", "greedy", "beam", "train", "scaling")]
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _full(runs: list[dict[str, Any]]) -> bool:
-    return ({r["environment"]["framework"] for r in runs} == set(FRAMEWORKS)
+    return ({r["environment"]["framework"] for r in runs} == set(BACKENDS)
             and all(set(r["options"]["workloads"]) >= set(WORKLOADS) for r in runs))
 
 
@@ -123,12 +123,13 @@ def _best_matmul(runs: list[dict[str, Any]], fw: str) -> dict[str, dict[str, Any
     return best
 
 
-def _rates(runs: list[dict[str, Any]], fw: str) -> dict[str, float]:
+def matmul_rates(runs: list[dict[str, Any]], fw: str) -> dict[str, float]:
+    """{dtype: the framework's best matrix-product rate, FLOP/s}: the denominators of utilisation."""
     return {dtype: r["metrics"]["flop_per_s"] for dtype, r in _best_matmul(runs, fw).items()}
 
 
 def _paper_batch(runs: list[dict[str, Any]]) -> str:
-    return paper_batch.table(runs, {fw: _rates(runs, fw).get("bfloat16") for fw in frameworks(runs)})
+    return paper_batch.table(runs, {fw: matmul_rates(runs, fw).get("bfloat16") for fw in frameworks(runs)})
 
 
 def _peak(runs: list[dict[str, Any]], fw: str) -> float | None:
@@ -143,7 +144,7 @@ def timed_table(runs: list[dict[str, Any]], workload: str) -> str:
     recs = records(runs, workload)
     fastest = min((r["timing"]["median_s"] for r in recs), default=None)
     for r in recs:
-        rate, rates, peak = r["metrics"]["flop_per_s"], _rates(runs, r["framework"]), _peak(runs, r["framework"])
+        rate, rates, peak = r["metrics"]["flop_per_s"], matmul_rates(runs, r["framework"]), _peak(runs, r["framework"])
         pct = [f"{100 * rate / rates[d]:.0f}%" if d in rates else "—" for d in ("float32", "bfloat16")]
         spread = f"{r['timing']['min_s'] * 1e3:,.0f}–{r['timing']['max_s'] * 1e3:,.0f}"  # ratios inside it are noise
         rows.append(f"| {r['subject']} | {r['dtype']} | {_ms(r)} | {spread} | {rate / 1e9:,.0f} | {pct[0]} | "

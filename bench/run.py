@@ -28,11 +28,9 @@ merges the files. Workloads (``--workloads``, default all):
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +39,13 @@ from rich.console import Console
 
 import spec
 from bench import verdict
-from bench.common import bench_params, fit_exponent, inputs, measure, measure_together, targets, window_median
+from bench.common import bench_params, fit_exponent, inputs, machine, measure, measure_together, targets, window_median
 from bench.lm_common import LM_SIZES
 from bench.lm_run import run_lm
 from bench.memory import run_memory
 from bench.paper_batch import run_paper_batch
 from bench.translate_run import run_translate
+from spec.api import BACKENDS
 from spec.flops import forward_flops, train_step_flops
 
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch", "memory")
@@ -57,7 +56,7 @@ console = Console(stderr=True)
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     fw = importlib.import_module(f"bench.bench_{args.framework}")
-    env = {"framework": args.framework, "device": args.device, "machine": _machine(), **fw.setup(args.device)}
+    env = {"framework": args.framework, "device": args.device, "machine": machine(), **fw.setup(args.device)}
     records: list[dict[str, Any]] = []
     run = Runner(args, fw, records)
     # The product rate once more at the end: a rate read during a transient at the start of a process (measured
@@ -234,31 +233,13 @@ class Runner:
         run_memory(self)
 
 
-def _machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
-               platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
-    simd = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")]
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_gib, 1), "simd": simd,
-            "python": platform.python_version(),
-            "os": platform.platform(), "date": datetime.date.today().isoformat()}
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
-
-
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--framework", required=True, choices=("torch", "jax", "tf"))
+    p.add_argument("--framework", required=True, choices=BACKENDS)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--out", default="reports/bench")
     p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))

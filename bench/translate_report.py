@@ -19,7 +19,6 @@ from typing import Any
 
 from bench.verdict import judge, paired
 
-FRAMEWORKS = ("torch", "jax", "tf")
 MODES = ("translate_greedy", "translate_beam")
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from bench import translate_common as tc
 from bench.common import bench_params, clock, rss_mb
+from spec.api import BACKENDS
 
 
 def _framework(args: argparse.Namespace) -> Any:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--framework", required=True, choices=("torch", "jax", "tf"))
+    p.add_argument("--framework", required=True, choices=BACKENDS)
     p.add_argument("--system", required=True, choices=("ours", "transformers", "ctranslate2"))
     p.add_argument("--dtype", required=True, help="bfloat16 or float32; ctranslate2: its compute type")
     p.add_argument("--config", default="base")

@@ -160,44 +160,31 @@ def logits_tolerance_abs(faithful: ErrorStats) -> float:
 #     rms err_eps <= GRAD_RMS_RATIO * faithful rms + GRAD_FLOOR_EPS / sqrt(n)
 #
 # float32: the forward's numbers for the forward's reason (a real fp32 backend rounds at every addition of its
-# blocked reductions, the ideal once per product), and an RMS bound at the same ratio. Measured on the golden
-# cases: the ideal's worst gradient is 19 fp32 ulps max, 4.6 RMS; impl_torch's fp32 gradients reach 8.7x the
-# ideal's max error and 5.0x its RMS error (0.55 of the bound).
+# blocked reductions, the ideal once per product), and an RMS bound at the same ratio.
 #
 # bfloat16 (mixed precision): the forward's MAX_RATIO 4 and floor; GRAD_RMS_RATIO 2, not 1.5, because where a
-# backward rounds is not part of the contract and sound placements differ: impl_torch (the ideal's placement)
-# reaches 1.22x the ideal's max error and 1.16x its RMS; the ideal with each weight gradient rounded to bf16
-# before its fp32 accumulation (what torch.autocast does) 1.51x and 1.41x. The ideal itself is coarse here (up to
-# 165 bf16 ulps max, 21 RMS: bf16 activations flip ReLUs and cotangents carry 8 bits), so one gradient tensor
-# scaled by 1.01 (1.3 ulps RMS) passes in mixed precision; by 1.2 it fails (1.1 already fails in the cases
-# measured, barely). The fp32 cases catch 1.01 by a factor ~5000.
+# backward rounds is not part of the contract and sound placements differ (torch.autocast rounds each weight
+# gradient to bf16 before its fp32 accumulation; the ideal keeps it in fp32).
 #
 # Weights after Adam steps are judged in units of the summed learning rate of those steps (``update_error_stats``,
 # unit "update"): one unit is how far the steps may move a weight. Not in ulps of the weight (an fp32 weight's
-# ulp is ~1e-5 of a step here, so a weight-relative unit would hide a wrong step), and not relative to the ideal's
-# error alone: Adam divides by sqrt(v) + eps, so the first step moves a weight by lr * g / (|g| + eps), lr times
-# the sign of g, and where |g| is below the gradient tolerance a conformant backend may take the other sign and
-# land 2 lr away (the ideal's worst in mixed precision, 2.00 steps after one, is such an element). Like decisions
-# in decoding, such elements are set apart: the golden case stores, per weight, the mask of "undecided" elements
-# (an exact gradient, at some step, within UPDATE_MARGIN times its tolerance of zero, or within
-# UPDATE_EPS_SENSITIVE * adam_eps, where the step's size depends on eps). Then
+# ulp is a tiny fraction of a step, so a weight-relative unit would hide a wrong step), and not relative to the
+# ideal's error alone: Adam divides by sqrt(v) + eps, so the first step moves a weight by lr * g / (|g| + eps), lr
+# times the sign of g, and where |g| is below the gradient tolerance a conformant backend may take the other sign
+# and land 2 lr away. Like decisions in decoding, such elements are set apart: the golden case stores, per weight,
+# the mask of "undecided" elements (an exact gradient, at some step, within UPDATE_MARGIN times its tolerance of
+# zero, or within UPDATE_EPS_SENSITIVE * adam_eps, where the step's size depends on eps). Then
 #
 #     decided:   max err <= max(UPDATE_MAX_RATIO * faithful max, UPDATE_FLOOR)
 #                rms err <= UPDATE_RMS_RATIO * faithful rms + UPDATE_FLOOR / sqrt(n decided)
 #     undecided: max err <= UPDATE_FLIP
 #
 # UPDATE_FLIP = 2.5: a step of the other sign moves a weight 2 |m_hat / sqrt(v_hat)| lr away, and that ratio stays
-# near 1 in three steps (measured worst 2.00). UPDATE_MARGIN = 10: a gradient 10 tolerances from zero keeps its
-# sign, and the step its size to ~10%. UPDATE_FLOOR = 1e-3: the fp32 rounding of a weight is ~1e-5 of a step, and
-# the ideal's worst decided error is 7e-5 (fp32) and 1e-3 (mixed). The ratios are the gradients': impl_torch
-# measured up to 12x (max) and 6.7x (RMS) in fp32, 2.4x and 2.4x in mixed precision, where the floor decides
-# (0.83 of the bound, the closest any torch tensor comes). In fp32 ~90% of the stored weights are decided; in
-# mixed precision almost none are (bf16's gradient tolerance is about the gradient's own RMS), so there the weights
-# catch only gross errors; after the first step none are (a flip anywhere at step 1 changes every later
-# gradient), so there the weights after the last step are all held to UPDATE_FLIP. What weights catch that
-# gradients cannot: the schedule (no warmup: 31x the step) and, in fp32, Adam's betas from step 2 on (beta2 0.999
-# for 0.98 fails, and shows in the loss of steps 2-3). A gradient scaled by a constant is invisible in them (Adam
-# is invariant to it).
+# near 1 over the case's steps. UPDATE_MARGIN = 10: a gradient 10 tolerances from zero keeps its sign, and the step
+# its size to ~10%. UPDATE_FLOOR = 1e-3: above a weight's fp32 rounding and the ideal's worst decided error. The
+# ratios are the gradients'. What the weights catch that the gradients cannot, and what they miss (in mixed
+# precision, and after the first step, few weights are decided), with the measurements behind every number here:
+# docs/decisions.md, "Training tolerances".
 
 GRAD_MAX_RATIO = {"bfloat16": 4.0, "float32": 16.0}
 GRAD_RMS_RATIO = {"bfloat16": 2.0, "float32": 16.0}

@@ -21,13 +21,15 @@ from pathlib import Path
 from types import ModuleType
 
 import spec
+import spec.api
 import spec.convert.marian
+from spec.data_parallel_cli import HelpFormatter
 from text import corpus, data, evaluate, train
 from text.marian import MarianTokenizer
 from text.tokenizer import Tokenizer
 from text.translate import translate
 
-BACKENDS = {"torch": "impl_torch", "jax": "impl_jax", "tf": "impl_tf"}
+BACKENDS = {b: f"impl_{b}" for b in spec.api.BACKENDS}
 
 
 def load_backend(name: str, threads: int | None = None, cores: list[int] | None = None) -> ModuleType:
@@ -140,15 +142,6 @@ def cmd_average(a: argparse.Namespace) -> None:
     config, params = train.average_checkpoints(a.weights)
     spec.weights_io.save_weights(a.out, config, params)
     print(f"averaged {len(a.weights)} checkpoints into {a.out}")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` keeps the description's layout and gives every option's default (but None and off)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 TRAIN_HELP = {"tokens_per_batch": "positions per side, B * max(S, T), per step (section 5.1)",

@@ -20,9 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from tools import HelpFormatter
+from spec.api import BACKENDS as IMPLS
+from spec.data_parallel_cli import HelpFormatter
 
-BACKENDS = ("tf", "jax", "torch", "reference")  # the slowest first
+BACKENDS = (*reversed(IMPLS), "reference")  # the slowest first: tf, jax, torch, then the reference
 PERCENT = re.compile(rb"\[\s*(\d+)%\]")
 
 

@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 from rich import console, progress
 
-from bench.run import _machine
+from bench.common import machine
+from spec.api import BACKENDS
 from spec.config import Config
+from spec.data_parallel_cli import HelpFormatter
 from spec.training import TrainConfig
 from text import cli
 from text.bpe import ByteLevelBPE
-from tools import HelpFormatter
-from tools.train_demo import BACKENDS
 
 HELDOUT_SHARE = 0.10
 VOCAB = 2048
@@ -162,7 +162,7 @@ def run(T: ModuleType, steps: int = STEPS, batch: int = BATCH, seed: int = SEED,
             "wall_s": round(time.perf_counter() - start, 3), "cpu_s": round(time.process_time() - cpu_start, 3),
             "load_average": [load_start, os.getloadavg()[0]], "config": config.to_dict(),
             "train_config": dataclasses.asdict(train_config), "version": getattr(T, "__version__", None),
-            "threads": threads, "machine": _machine()}
+            "threads": threads, "machine": machine()}
 
 
 def samples(T: ModuleType, model: Any, bpe: ByteLevelBPE, new_tokens: int, seed: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tools.train_report import FRAMEWORKS, _fw  # noqa: E402
+from tools.train_report import FRAMEWORKS, framework_of  # noqa: E402
 
 SAME = ("steps", "batch", "seed", "prompt")  # what runs compared side by side must share
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--png", type=Path, required=True, help="the loss curves")
     p.add_argument("--md", type=Path, help="the Markdown report (default: stdout only)")
     args = p.parse_args(argv)
-    runs = sorted((json.loads(f.read_text()) for f in args.files), key=lambda r: FRAMEWORKS.index(_fw(r)))
+    runs = sorted((json.loads(f.read_text()) for f in args.files), key=lambda r: FRAMEWORKS.index(framework_of(r)))
     fp32 = json.loads(args.fp32.read_text()) if args.fp32 else None
     check_comparable(runs + ([fp32] if fp32 else []))
     chart(runs, fp32, args.png)
@@ -58,18 +58,18 @@ def check_comparable(runs: list[dict[str, Any]]) -> None:
         return (*(r[k] for k in SAME), r["corpus"]["tokenizer_sha256"], json.dumps(config, sort_keys=True),
                 json.dumps(r["train_config"], sort_keys=True))
     if len({key(r) for r in runs}) > 1:
-        raise ValueError("the runs differ in settings, tokenizer or model: " + ", ".join(_fw(r) for r in runs))
+        raise ValueError("the runs differ in settings, tokenizer or model: " + ", ".join(framework_of(r) for r in runs))
 
 
 def agreement(runs: list[dict[str, Any]], fp32: dict[str, Any]) -> dict[str, Any]:
     """The bound (see the module's docstring), the largest difference of the backends' final validation losses,
     and whether it holds."""
-    same = next(r for r in runs if _fw(r) == _fw(fp32))
+    same = next(r for r in runs if framework_of(r) == framework_of(fp32))
     late = [abs(a[1] - b[1]) for a, b in zip(same["evals"], fp32["evals"], strict=True) if a[0] >= fp32["steps"] / 2]
     finals = [r["evals"][-1][1] for r in runs]
     pairs = [abs(a - b) for a, b in itertools.combinations(finals, 2)]
     spread = max(pairs, default=0.0)
-    return {"backend": _fw(fp32), "bound": max(late), "spread": spread, "holds": spread <= max(late)}
+    return {"backend": framework_of(fp32), "bound": max(late), "spread": spread, "holds": spread <= max(late)}
 
 
 def divergence(runs: list[dict[str, Any]], name: str) -> str:
@@ -79,7 +79,7 @@ def divergence(runs: list[dict[str, Any]], name: str) -> str:
         ids_a, ids_b = a["samples"][name]["ids"], b["samples"][name]["ids"]
         i = next((i for i in range(max(len(ids_a), len(ids_b)))
                   if i >= min(len(ids_a), len(ids_b)) or ids_a[i] != ids_b[i]), None)
-        pair = f"{_fw(a)} and {_fw(b)}"
+        pair = f"{framework_of(a)} and {framework_of(b)}"
         parts.append(f"{pair} identical" if i is None else
                      f"{pair} first differ at new token {i + 1} ({_token(a, name, i)} against {_token(b, name, i)})")
     return "; ".join(parts) or "one backend only"
@@ -109,8 +109,8 @@ def report(runs: list[dict[str, Any]], fp32: dict[str, Any] | None, png: Path) -
              "|---|---|---|---|---|---|---|---|"]
     for r in runs + ([fp32] if fp32 else []):
         _, val, ppl, _ = r["evals"][-1]
-        lines.append(f"| impl_{_fw(r)} | {r['config']['dtype']} | {val:.4f} | {ppl:.2f} | {r['train_s']:.0f} | "
-                     f"{r['eval_s']:.0f} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
+        lines.append(f"| impl_{framework_of(r)} | {r['config']['dtype']} | {val:.4f} | {ppl:.2f} | "
+                     f"{r['train_s']:.0f} | {r['eval_s']:.0f} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
     u = first["unigram"]
     lines += [f"| unigram (add-one, training counts) | | {u['cross_entropy']:.4f} | {math.exp(u['cross_entropy']):.1f}"
               " | | | | |", ""]
@@ -135,7 +135,7 @@ def _sample_lines(runs: list[dict[str, Any]]) -> list[str]:
         how = "greedy" if not s["temperature"] else f"temperature {s['temperature']}, top_p {s['top_p']}"
         lines += [f"Samples, {how}, prompt `{prompt}`, {len(s['ids'])} new tokens at most, seed "
                   f"{runs[0]['seed']}: {divergence(runs, name)}.", "", "| backend | continuation |", "|---|---|"]
-        lines += [f"| impl_{_fw(r)} | {_cell(r['samples'][name]['text'])} |" for r in runs]
+        lines += [f"| impl_{framework_of(r)} | {_cell(r['samples'][name]['text'])} |" for r in runs]
         lines.append("")
     return lines
 
@@ -162,7 +162,7 @@ def chart(runs: list[dict[str, Any]], fp32: dict[str, Any] | None, path: Path) -
     fig, (ax, diff) = plt.subplots(1, 2, figsize=(11.0, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     base = {e[0]: e[1] for e in runs[0]["evals"]}
     for r in runs + ([fp32] if fp32 else []):
-        colour, label = f"C{FRAMEWORKS.index(_fw(r))}", f"impl_{_fw(r)}"
+        colour, label = f"C{FRAMEWORKS.index(framework_of(r))}", f"impl_{framework_of(r)}"
         steps, vals = zip(*[(e[0], e[1]) for e in r["evals"]], strict=True)
         if r is fp32:
             colour, label = "grey", f"{label}, float32 compute"
@@ -181,7 +181,7 @@ def chart(runs: list[dict[str, Any]], fp32: dict[str, Any] | None, path: Path) -
     ax.legend(fontsize=7)
     diff.set_xlabel("step")
     diff.set_ylabel("nats")
-    diff.set_title(f"validation loss minus impl_{_fw(runs[0])}'s", fontsize=9)
+    diff.set_title(f"validation loss minus impl_{framework_of(runs[0])}'s", fontsize=9)
     diff.legend(fontsize=7)
     fig.suptitle(f"CPython's docs: d_model {c['d_model']}, {c['n_decoder_layers']} layers, context {c['max_len']}, "
                  f"{c['dtype']} compute, batch {runs[0]['batch']}, seed {runs[0]['seed']}, same weights and windows",

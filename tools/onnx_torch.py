@@ -45,7 +45,7 @@ import numpy as np
 
 from spec import search, validate, weights_io
 from spec.config import Config
-from tools import HelpFormatter
+from spec.data_parallel_cli import HelpFormatter
 
 ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
 OPSET = 17  # the first with LayerNormalization, which the layer norm exports to (``_export``)

@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 from rich import console, progress
 
+from spec.api import BACKENDS
 from spec.config import Config
+from spec.data_parallel_cli import HelpFormatter
 from spec.demo import (
     AVERAGE,
     BATCH,
@@ -40,9 +42,7 @@ from spec.demo import (
 )
 from spec.training import TrainConfig, average_params
 from text import cli
-from tools import HelpFormatter
 
-BACKENDS = ("torch", "jax", "tf")
 EVAL_EVERY = 100  # steps between held-out evaluations, to record when the accuracy crosses TARGET
 TARGET = 0.99
 

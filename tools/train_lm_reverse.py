@@ -18,11 +18,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from spec.api import BACKENDS
+from spec.data_parallel_cli import HelpFormatter
 from spec.demo import BATCH, DEMO_CONFIG, TRAIN_CONFIG, heldout, lm_reverse_batch
 from spec.training import TrainConfig
 from spec.weights_io import save_weights
 from text import cli
-from tools import HelpFormatter
 
 LM_CONFIG = DEMO_CONFIG.replace(n_encoder_layers=0, n_decoder_layers=3, norm_first=True, dropout=0.0)
 STEPS = 2000
@@ -51,7 +52,7 @@ def exact_match(T, model, size: int = 200) -> float:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m tools.train_lm_reverse", description=__doc__,
                                 formatter_class=HelpFormatter)
-    p.add_argument("--backend", choices=("torch", "jax", "tf"), required=True)
+    p.add_argument("--backend", choices=BACKENDS, required=True)
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--threads", type=int)
     p.add_argument("--save", type=Path, required=True, help="the bf16 safetensors file to write")

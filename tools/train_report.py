@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+# spec.api.BACKENDS, written out: this report and tools.lm_report run where only matplotlib is installed.
 FRAMEWORKS = ("torch", "jax", "tf")
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "train_demo"  # the committed copy docs/training.md shows
 PNG, JSON = "train-demo.png", "train-demo.json"
@@ -29,14 +30,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    runs = sorted((json.loads(f.read_text()) for f in args.files), key=lambda r: FRAMEWORKS.index(_fw(r)))
+    runs = sorted((json.loads(f.read_text()) for f in args.files), key=lambda r: FRAMEWORKS.index(framework_of(r)))
     args.out.mkdir(parents=True, exist_ok=True)
-    summary = {_fw(r): {k: r[k] for k in SUMMARY} for r in runs}
+    summary = {framework_of(r): {k: r[k] for k in SUMMARY} for r in runs}
     summary["config"], summary["train_config"] = runs[0]["config"], runs[0]["train_config"]
     (args.out / JSON).write_text(json.dumps(summary, indent=1))
     chart(runs, args.out / PNG)
     print(table(runs))
-    if {_fw(r) for r in runs} == set(FRAMEWORKS):
+    if {framework_of(r) for r in runs} == set(FRAMEWORKS):
         RESULTS.mkdir(exist_ok=True)
         for name in (PNG, JSON):
             shutil.copy(args.out / name, RESULTS / name)
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{RESULTS} left as it is: only a run of every framework replaces it")
 
 
-def _fw(run: dict[str, Any]) -> str:
+def framework_of(run: dict[str, Any]) -> str:
+    """The framework of a demo's record: "torch" for ``{"backend": "impl_torch", ...}``."""
     return run["backend"].removeprefix("impl_")
 
 
@@ -55,7 +57,7 @@ def table(runs: list[dict[str, Any]]) -> str:
             "| wall s |", "|---|---|---|---|---|---|---|"]
     for r in runs:
         to_target = "—" if r["target_s"] is None else f"{r['target_s']:.0f}"
-        rows.append(f"| impl_{_fw(r)} | {r['steps']} × {r['batch']} | {r['target_step'] or '—'} | "
+        rows.append(f"| impl_{framework_of(r)} | {r['steps']} × {r['batch']} | {r['target_step'] or '—'} | "
                     f"{to_target} | {r['accuracy']:.1%} | "
                     f"{r['train_s']:.0f} | {r['wall_s']:.0f} |")
     return "\n".join(rows)
@@ -66,7 +68,7 @@ def chart(runs: list[dict[str, Any]], path: Path) -> Path:
     checkpoints at each evaluation (right); colours as the bench's charts (C0 torch, C1 jax, C2 tf)."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10.0, 4.0))
     for r in runs:
-        colour, label = f"C{FRAMEWORKS.index(_fw(r))}", f"impl_{_fw(r)}"
+        colour, label = f"C{FRAMEWORKS.index(framework_of(r))}", f"impl_{framework_of(r)}"
         loss_ax.plot(range(1, len(r["losses"]) + 1), r["losses"], color=colour, linewidth=0.8, alpha=0.8,
                      label=label)
         steps, acc = [e[0] for e in r["evals"]], [100 * e[1] for e in r["evals"]]

@@ -21,12 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from spec.api import BACKENDS
+from spec.data_parallel_cli import HelpFormatter
 from text import agreement, cli, corpus, data
 from text.tokenizer import Tokenizer
-from tools import HelpFormatter
 
-SYSTEMS = {"torch": "torch", "jax": "jax", "tf": "tf", "peer": "tools.peer_torch"}
-BACKENDS = tuple(cli.BACKENDS)   # torch, jax, tf
+SYSTEMS = {**{b: b for b in BACKENDS}, "peer": "tools.peer_torch"}   # each system's --backend for text
 SAME_CHECKPOINT = "torch"         # whose averaged checkpoint every backend translates
 
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=Path("reports/translate"), help="runs, reports and the plot")
     p.add_argument("--lang", default="de", help="target language of the catalogs")
     p.add_argument("--minutes", type=float, default=30.0, help="training time per system")
-    p.add_argument("--systems", default="torch,jax,tf,peer", help="comma-separated: backends and the torch peer")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: backends and the torch peer")
     p.add_argument("--parallel", type=int, default=2, help="trainings at once, each on its own core")
     p.add_argument("--test-limit", type=int, default=None, help="the first N test sentences only")
     p.add_argument("--agreement-sentences", type=int, default=200,

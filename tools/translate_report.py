@@ -3,20 +3,19 @@ training minutes, from ``translate-demo.json`` (``tools.translate_demo``)."""
 
 from __future__ import annotations
 
-import platform
-import time
 from pathlib import Path
 
+from bench.common import machine
+from spec.api import BACKENDS
 from text import data
 
-NAMES = {"torch": "impl_torch", "jax": "impl_jax", "tf": "impl_tf", "peer": "torch.nn.Transformer (peer)"}
+NAMES = {**{b: f"impl_{b}" for b in BACKENDS}, "peer": "torch.nn.Transformer (peer)"}
 
 
-def _machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU")
-    import os
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+def _machine_line() -> str:
+    """This machine in one line for the report and the plot: CPU, cores, Python, date (``bench.common.machine``)."""
+    m = machine()
+    return f"{m['cpu']}, {m['cores']} cores, Python {m['python']}, {m['date']}"
 
 
 def table(result: dict) -> str:
@@ -62,7 +61,7 @@ def plot(result: dict, path: Path) -> None:
     ax.axhline(base["memory_bleu"], color="grey", ls="--", label="translation memory (whole dev set)")
     ax.set_xlabel("training minutes (1 core, 1 thread each)")
     ax.set_ylabel("dev BLEU, greedy")
-    ax.set_title(f"En→De, gettext catalogs: dev BLEU against training time\n{_machine()}", fontsize=9)
+    ax.set_title(f"En→De, gettext catalogs: dev BLEU against training time\n{_machine_line()}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -79,7 +78,7 @@ def write(result: dict, prepared: data.Prepared, out: Path, doc: Path | None = N
     removed = ", ".join(f"{k} {v:,}" for k, v in c["cleaning"].items() if k not in ("whitespace", "kept"))
     skipped = sum(c["skipped"].values())
     parts = [f"# Translation demo: En→De, {result['minutes']:g} minutes of training per system\n",
-             f"Machine: {_machine()}. Corpus: {c['read']:,} catalog pairs read ({skipped} strings outside their "
+             f"Machine: {_machine_line()}. Corpus: {c['read']:,} catalog pairs read ({skipped} strings outside their "
              f"catalog's charset left out); whitespace normalised in {c['cleaning']['whitespace']:,}; removed: "
              f"{removed}; kept {c['cleaning']['kept']:,}; split train {c['split']['train']:,}, dev "
              f"{c['split']['dev']:,}, test {c['split']['test']:,} by near-duplicate group; near-duplicate rate "

@@ -8,10 +8,10 @@ import importlib
 
 import pytest
 
-FRAMEWORKS = ("torch", "jax", "tf")
+from spec.api import BACKENDS
 
 
-@pytest.fixture(scope="module", params=FRAMEWORKS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def framework(request) -> str:
     pytest.importorskip(f"impl_{request.param}")
     importlib.import_module(f"bench.bench_{request.param}")

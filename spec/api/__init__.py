@@ -54,8 +54,11 @@ from spec.api.functions import (
 )
 from spec.api.protocols import KV_CACHE_FIELDS, DecoderOnlyModel, KVCache, Model
 
+# The impls that export this API, each the package impl_<name>: every tool, bench and report lists them from here.
+BACKENDS = ("torch", "jax", "tf")
+
 __all__ = [
-    "KV_CACHE_FIELDS", "KVCache", "Model", "DecoderOnlyModel", "Transformer", "LanguageModel", "load_weights",
-    "save_weights", "from_params", "params_of", "greedy_search", "beam_search", "generate", "init_train_state",
-    "loss_and_gradients", "train_step", "lm_loss_and_gradients", "lm_train_step", "save_train_state",
-    "load_train_state", "FUNCTIONS", "METHODS", "NAMES", "check_api", "compare_signature"]
+    "BACKENDS", "KV_CACHE_FIELDS", "KVCache", "Model", "DecoderOnlyModel", "Transformer", "LanguageModel",
+    "load_weights", "save_weights", "from_params", "params_of", "greedy_search", "beam_search", "generate",
+    "init_train_state", "loss_and_gradients", "train_step", "lm_loss_and_gradients", "lm_train_step",
+    "save_train_state", "load_train_state", "FUNCTIONS", "METHODS", "NAMES", "check_api", "compare_signature"]

@@ -35,14 +35,14 @@ def positional_encoding(length: int, d_model: int) -> Tensor:
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1).float()  # (L, D)
 
 
-def _ids(x: Any) -> np.ndarray:
+def host_ids(x: Any) -> np.ndarray:
     """Token ids (NumPy, nested lists or a torch tensor) as a host NumPy array, for ``spec.validate``."""
     if isinstance(x, Tensor):
         return x.detach().cpu().numpy()
     return np.asarray(x)
 
 
-def _tensor(ids: np.ndarray) -> Tensor:
+def to_tensor(ids: np.ndarray) -> Tensor:
     """Validated host ids -> an int64 tensor."""
     return torch.as_tensor(np.asarray(ids, dtype=np.int64))
 
@@ -154,13 +154,13 @@ class Transformer(nn.Module):
         Raises:
             ValueError: from ``spec.validate.check_forward``.
         """
-        s, t = _ids(src), _ids(tgt_in)
+        s, t = host_ids(src), host_ids(tgt_in)
         validate.check_forward(s, t, self.config)
-        return self._logits(_tensor(s), _tensor(t))
+        return self._logits(to_tensor(s), to_tensor(t))
 
 
 @contextlib.contextmanager
-def _mode(model: nn.Module, training: bool) -> Iterator[None]:
+def in_mode(model: nn.Module, training: bool) -> Iterator[None]:
     """``model`` in training or evaluation mode for the block, then every submodule back in its own mode."""
     modes = [(m, m.training) for m in model.modules()]
     model.train(training)

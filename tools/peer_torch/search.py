@@ -12,7 +12,7 @@ from torch import Tensor
 from spec import validate
 from spec.config import Config
 from spec.search import length_penalty
-from tools.peer_torch.model import Transformer, _ids, _mode, _tensor
+from tools.peer_torch.model import Transformer, host_ids, in_mode, to_tensor
 
 
 def _special_mask(c: Config) -> Tensor:
@@ -22,7 +22,7 @@ def _special_mask(c: Config) -> Tensor:
     return mask
 
 
-def _next_logits(model: Transformer, prefix: Tensor, memory: Tensor, src_pad: Tensor) -> Tensor:
+def next_logits(model: Transformer, prefix: Tensor, memory: Tensor, src_pad: Tensor) -> Tensor:
     """prefix (N, t) ids from BOS, memory (N, S, D), src_pad (N, S) -> the last position's logits (N, V) fp32."""
     h = model._decode(prefix, memory, src_pad)                                            # (N, t, D)
     return model._project(h[:, -1])                                                       # (N, V)
@@ -36,12 +36,12 @@ def greedy_search(model: Transformer, src: Any, max_new_tokens: int | None = Non
         ValueError: from ``spec.validate.check_source`` and ``generation_limits``.
     """
     c = model.config
-    host = _ids(src)
+    host = host_ids(src)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     B, L = len(limits), int(limits.max())
-    with _mode(model, False), torch.inference_mode(), model._autocast():
-        src_t = _tensor(host)
+    with in_mode(model, False), torch.inference_mode(), model._autocast():
+        src_t = to_tensor(host)
         src_pad = src_t == c.pad_id                                                       # (B, S)
         memory = model._encode(src_t)                                                     # (B, S, D)
         special = _special_mask(c)
@@ -50,7 +50,7 @@ def greedy_search(model: Transformer, src: Any, max_new_tokens: int | None = Non
         prefix = torch.full((B, 1), c.bos_id, dtype=torch.long)                           # (B, t)
         live = torch.arange(B)                                                            # rows still decoding
         for t in range(L):
-            logits = _next_logits(model, prefix, memory, src_pad).masked_fill(special, -torch.inf)   # (n, V)
+            logits = next_logits(model, prefix, memory, src_pad).masked_fill(special, -torch.inf)    # (n, V)
             tokens = logits.argmax(dim=-1)                                                # first of equal maxima
             out[live, t] = tokens
             going = (tokens != c.eos_id) & (t + 1 < limit[live])                          # (n,)
@@ -67,7 +67,7 @@ def _stable_desc(x: Tensor) -> Tensor:
     return torch.sort(x, dim=-1, descending=True, stable=True).indices
 
 
-def _stable_top(x: Tensor, n: int) -> Tensor:
+def stable_top(x: Tensor, n: int) -> Tensor:
     """``_stable_desc(x)[:, :n]`` without sorting all of x (N, M): ``topk``, then its n indices in the stable order;
     rows with a tie across the n-th value (-inf ones included) take the full stable sort."""
     values, idx = torch.topk(x, n, dim=-1)                                                # (N, n)
@@ -88,7 +88,7 @@ def beam_search(model: Transformer, src: Any, beam_size: int = 4, alpha: float =
         ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
     """
     c = model.config
-    host = _ids(src)
+    host = host_ids(src)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
@@ -96,8 +96,8 @@ def beam_search(model: Transformer, src: Any, beam_size: int = 4, alpha: float =
     B, L = len(limits), int(limits.max())
     results: list[np.ndarray | None] = [None] * B
     neg_inf = torch.tensor(-torch.inf)
-    with _mode(model, False), torch.inference_mode(), model._autocast():
-        src_t = _tensor(host)
+    with in_mode(model, False), torch.inference_mode(), model._autocast():
+        src_t = to_tensor(host)
         src_pad = (src_t == c.pad_id).repeat_interleave(k, dim=0)                        # (B k, S)
         memory = model._encode(src_t).repeat_interleave(k, dim=0)                         # (B k, S, D)
         special = _special_mask(c)
@@ -112,10 +112,10 @@ def beam_search(model: Transformer, src: Any, beam_size: int = 4, alpha: float =
             n = len(live)
             prefix = torch.cat([torch.full((n * k, 1), c.bos_id, dtype=torch.long),
                                 alive_seq.flatten(0, 1)], dim=1)                          # (n k, t)
-            logits = _next_logits(model, prefix, memory, src_pad)                         # (n k, V) fp32
+            logits = next_logits(model, prefix, memory, src_pad)                          # (n k, V) fp32
             logp = torch.log_softmax(logits, dim=-1).masked_fill(special, -torch.inf)
             cand = (alive_lp[:, :, None] + logp.view(n, k, V)).flatten(1)                 # (n, k V)
-            top = _stable_top(cand, 2 * k)                                                # (n, 2k)
+            top = stable_top(cand, 2 * k)                                                 # (n, 2k)
             top_score = cand.gather(1, top)
             beam, tok = top // V, top % V
             seq = torch.cat([alive_seq.gather(1, beam[:, :, None].expand(-1, -1, t - 1)), tok[:, :, None]],

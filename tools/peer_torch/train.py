@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from spec import validate
 from spec.training import TrainConfig, learning_rate
-from tools.peer_torch.model import FRAMEWORK, Transformer, _ids, _mode, _tensor
+from tools.peer_torch.model import FRAMEWORK, Transformer, host_ids, in_mode, to_tensor
 
 
 @dataclasses.dataclass
@@ -73,15 +73,15 @@ def train_step(model: Transformer, state: TrainState, src: Any, tgt_in: Any, tgt
         ValueError: from ``spec.validate.check_train_batch``, or if ``state`` was made for another model; before
             anything is computed.
     """
-    s, ti, to = _ids(src), _ids(tgt_in), _ids(tgt_out)
+    s, ti, to = host_ids(src), host_ids(tgt_in), host_ids(tgt_out)
     validate.check_train_batch(s, ti, to, model.config)
     held, own = state.optimizer.param_groups[0]["params"], list(model.parameters())
     if len(held) != len(own) or any(a is not b for a, b in zip(held, own, strict=True)):
         raise ValueError("train state: its optimizer holds another model's parameters")
-    y = _tensor(to)                                                                      # (B, T)
-    with _mode(model, True), torch.random.fork_rng(devices=[]):
+    y = to_tensor(to)                                                                    # (B, T)
+    with in_mode(model, True), torch.random.fork_rng(devices=[]):
         torch.default_generator.set_state(state.rng.get_state())
-        logits = model._logits(_tensor(s), _tensor(ti))                                  # (B, T, V) float32
+        logits = model._logits(to_tensor(s), to_tensor(ti))                              # (B, T, V) float32
         loss = state.loss_fn(logits.flatten(0, 1), y.flatten())                          # () float32
         state.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -96,7 +96,7 @@ def train_step(model: Transformer, state: TrainState, src: Any, tgt_in: Any, tgt
 def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
     """Adam's moments as ``m.<name>``, ``v.<name>`` (the peer's names), the generator's state as ``rng``; metadata
     ``step``, ``train_config`` (JSON) and ``framework`` (the layout of ``spec.train_state_io``, the peer's names)."""
-    names = _param_names(state)
+    names = param_names(state)
     tensors: dict[str, Tensor] = {}
     for name, p in names.items():
         st = state.optimizer.state.get(p, {})
@@ -122,7 +122,7 @@ def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
     except (OSError, safetensors.SafetensorError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: not a train state file ({e!r})") from e
     state = init_train_state(model, tc)
-    for name, p in _param_names(state).items():
+    for name, p in param_names(state).items():
         for key in ("m", "v"):
             t = tensors.get(f"{key}.{name}")
             if t is None or t.shape != p.shape:
@@ -141,6 +141,6 @@ def load_train_state(path: str | os.PathLike, model: Transformer) -> TrainState:
     return state
 
 
-def _param_names(state: TrainState) -> dict[str, nn.Parameter]:
+def param_names(state: TrainState) -> dict[str, nn.Parameter]:
     """{name: parameter} of the optimizer's parameters, named as the model names them."""
     return dict(zip(state.names, state.optimizer.param_groups[0]["params"], strict=True))

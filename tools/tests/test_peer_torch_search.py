@@ -14,7 +14,7 @@ from spec import api
 from spec import search as spec_search
 from spec.numerics import Numerics
 from tools import peer_torch as P
-from tools.peer_torch.search import _next_logits, _stable_top
+from tools.peer_torch.search import next_logits, stable_top
 from tools.tests.peer_torch_cases import COPY, copy_batch, train_copy
 
 
@@ -68,7 +68,7 @@ def _spec_driven_by(model):
             prefix = np.concatenate([cache.self_kv[0][0], tokens], axis=1)
             memory, src = cache.memory_kv[0][0], cache.memory_mask
             with torch.inference_mode():
-                logits = _next_logits(model, torch.as_tensor(prefix), torch.as_tensor(memory),
+                logits = next_logits(model, torch.as_tensor(prefix), torch.as_tensor(memory),
                                         torch.as_tensor(src == self.pad_id))
             after = KVCache([(prefix, prefix)], prefix, cache.memory_kv, src, cache.length + tokens.shape[1])
             return logits.double().numpy()[:, None], after                         # (B, 1, V)
@@ -125,4 +125,4 @@ def test_the_top_candidates_break_ties_toward_the_lower_index():
         x[torch.rand(4, 40, generator=g) < 0.6] = -torch.inf                    # rows with fewer than 8 finite
         if trial % 2:
             x = torch.randn(4, 40, generator=g)
-        np.testing.assert_array_equal(_stable_top(x, 8), np.argsort(-x.numpy(), axis=1, kind="stable")[:, :8])
+        np.testing.assert_array_equal(stable_top(x, 8), np.argsort(-x.numpy(), axis=1, kind="stable")[:, :8])

@@ -9,7 +9,7 @@ import torch
 
 from spec import training
 from tools import peer_torch as P
-from tools.peer_torch.train import _param_names
+from tools.peer_torch.train import param_names
 from tools.tests.peer_torch_cases import CONFIG, batch, reference_logits, train_copy
 
 
@@ -80,7 +80,7 @@ def test_no_global_rng_state_is_changed():
 def _implied_lr(before, after, state, t):
     """The learning rate Adam applied at step t, from the parameter change and its moments after the step."""
     tc, ratios = state.train_config, []
-    for name, p in _param_names(state).items():
+    for name, p in param_names(state).items():
         st = state.optimizer.state[p]
         m_hat = st["exp_avg"].double().numpy() / (1 - tc.beta1 ** t)
         v_hat = st["exp_avg_sq"].double().numpy() / (1 - tc.beta2 ** t)

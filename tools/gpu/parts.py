@@ -21,8 +21,10 @@ TINY_CHECKS = "test_api_names_and_signatures or test_api_from_params_checks"
 BENCH = {"full": {"base": (192, 128, 128), "big": (192, 128, 128)}, "tiny": {"tiny": (2, 8, 8)}}  # (B, S, T)
 REPEATS = {"full": 10, "tiny": 1}
 TRANSLATE_CONFIG, TRANSLATE_B = {"full": "base", "tiny": "tiny"}, 32
-# tiny: one process per system (each mode takes the same path through this module)
-TRANSLATE_MODES = {"full": ("greedy", "beam"), "tiny": ("beam",)}
+# tiny: one process per system (each mode takes the same path through this module; greedy is the cheaper)
+TRANSLATE_MODES = {"full": ("greedy", "beam"), "tiny": ("greedy",)}
+TINY_SKIPS_PEER = ("not run at --size tiny: the smoke run translates with ours only (the peer's path through this "
+                   "module is the same, and its process the costliest of the run); generation meets transformers")
 LM = {"full": ["--lm-size", "gpt2_small", "--lm-batches", "1,32"],
       "tiny": ["--lm-size", "lm_tiny", "--lm-batches", "2", "--lm-prompt", "8", "--lm-short", "4", "--lm-steps", "2",
                "--lm-new-tokens", "4"]}
@@ -32,31 +34,23 @@ NEEDS = {"torch": ("torch",), "jax": ("jax", "flax", "optax")}
 
 def frameworks(size: str) -> dict[str, list[str]]:
     """The frameworks each part runs, in order: jax first where the suite runs (the longer, its compilation cache
-    then warm for a rerun); translation and generation in jax only at ``full``, to keep the CPU's run short."""
-    return {"conformance": ["jax", "torch"], "bench": ["torch", "jax"],
-            "decode": ["torch", "jax"] if size == "full" else ["torch"]}
-
-
-def weights(part: str, size: str) -> list[float]:
-    """The steps' shares of their part's time, in the order the part runs them."""
-    fws = frameworks(size)[part]
-    if part == "conformance":
-        return [3.0 if fw == "jax" else 1.0 for fw in fws]
-    if part == "bench":
-        return [1.0] * len(fws) * len(BENCH[size])
-    return [1.0] * (len(translate_systems(size)) * len(TRANSLATE_MODES[size]) + len(fws))
+    then warm for a rerun). At ``tiny`` the suite runs in jax only and decoding in torch only: the other framework
+    would take the same path through this module, and the CPU's run is to stay short."""
+    full = size == "full"
+    return {"conformance": ["jax", "torch"] if full else ["jax"], "bench": ["torch", "jax"],
+            "decode": ["torch", "jax"] if full else ["torch"]}
 
 
 def conformance(part: Part, size: str) -> None:
-    """The whole suite for each backend (at ``tiny``: ``TINY_CHECKS``); the checks' outcomes from its report."""
+    """The whole suite for each backend (at ``tiny``: ``TINY_CHECKS``), jax given thrice torch's time; the checks'
+    outcomes from its report."""
     only = ["--", "-k", TINY_CHECKS] if size == "tiny" else []
-    for fw in frameworks(size)["conformance"]:
-        if why := missing(fw):
-            part.skip(fw, why)
-            continue
-        rec = part.run(fw, ["-m", "tools.conformance", "--report-dir", str(part.out / "conformance"), "--jobs", "1",
-                            fw, *only])
-        rec["checks"] = _checks(part.out / "conformance", fw)
+    folder = part.out / "conformance"
+    part.run_all([(fw, missing(fw) or ["-m", "tools.conformance", "--report-dir", str(folder), "--jobs", "1", fw,
+                                       *only], 3.0 if fw == "jax" else 1.0)
+                  for fw in frameworks(size)["conformance"]])
+    for rec in part.records:
+        rec["checks"] = _checks(folder, rec["name"]) if rec["status"] == RAN else None
 
 
 def _checks(folder: Path, backend: str) -> dict[str, Any] | None:
@@ -74,62 +68,52 @@ def _checks(folder: Path, backend: str) -> dict[str, Any] | None:
 
 def bench(part: Part, device: str, size: str) -> list[dict[str, Any]]:
     """The bf16 forward and mixed training step, ours and the framework's stock peer, per framework and preset;
-    the records of every ``bench.run`` that ran."""
-    records = []
+    the records of every ``bench.run`` that ran, each with its preset (``config``)."""
+    plan = []
     for fw in frameworks(size)["bench"]:
         for config, (B, S, T) in BENCH[size].items():
             name = f"{fw}-{config}"
-            if why := missing(*NEEDS[fw]):
-                part.skip(name, why)
-                continue
-            out = part.out / "bench" / name
-            rec = part.run(name, ["-m", "bench.run", "--framework", fw, "--device", device, "--out", str(out),
-                                  "--workloads", "forward,train", "--config", config, "--dtypes", "bfloat16",
-                                  "--batch", str(B), "--src-len", str(S), "--tgt-len", str(T),
-                                  "--repeats", str(REPEATS[size])])
-            if rec["status"] == RAN:
-                done = json.loads((out / f"bench-{fw}.json").read_text())["records"]
-                records += [{**r, "config": config} for r in done]
+            plan.append((name, missing(*NEEDS[fw]) or [
+                "-m", "bench.run", "--framework", fw, "--device", device, "--out", str(part.out / "bench" / name),
+                "--workloads", "forward,train", "--config", config, "--dtypes", "bfloat16", "--batch", str(B),
+                "--src-len", str(S), "--tgt-len", str(T), "--repeats", str(REPEATS[size])], 1.0))
+    records = []
+    for rec in part.run_all(plan):
+        if rec["status"] == RAN:
+            fw, config = rec["name"].split("-", 1)
+            done = json.loads((part.out / "bench" / rec["name"] / f"bench-{fw}.json").read_text())["records"]
+            records += [{**r, "config": config} for r in done]
     return records
 
 
-def translate_systems(size: str) -> list[tuple[str, str]]:
-    """(framework, system) of the translation steps: ours in each framework, Hugging Face's Marian in torch's."""
-    return [(fw, "ours") for fw in frameworks(size)["decode"]] + [("torch", "transformers")]
-
-
 def decode(part: Part, device: str, size: str) -> list[dict[str, Any]]:
-    """Translation greedy and beam at B = 32, then generation (``bench.run --workloads lm``) per framework; the
-    results of the steps that ran."""
-    results = []
-    for fw, system in translate_systems(size):
+    """Translation (greedy and beam at ``full``) at B = 32, ours in each framework and Marian in torch's, then
+    generation (``bench.run --workloads lm``) per framework; the results of the steps that ran."""
+    plan = []
+    for fw, system in [(fw, "ours") for fw in frameworks(size)["decode"]] + [("torch", "transformers")]:
         for mode in TRANSLATE_MODES[size]:
-            name = f"translate-{mode}-{fw}-{system}"
-            if device != "cpu":
-                part.skip(name, "bench.translate_worker runs every system on the CPU: it takes no device")
-                continue
-            if why := missing(*NEEDS[fw], *(["transformers"] if system == "transformers" else [])):
-                part.skip(name, why)
-                continue
-            rec = part.run(name, ["-m", "bench.translate_worker", "--framework", fw, "--system", system, "--dtype",
-                                  "bfloat16", "--config", TRANSLATE_CONFIG[size], "--batch", str(TRANSLATE_B),
-                                  "--mode", mode, "--repeats", str(REPEATS[size])])
-            if rec["status"] == RAN:
-                out = _worker_result((part.out / rec["log"]).read_text())
-                median = float(np.median(out["times_s"]))
-                results.append({"workload": f"translate_{mode}", "framework": fw, "subject": out["subject"],
-                                "B": TRANSLATE_B, "median_s": median, "tokens_per_s": out["tokens"] / median})
+            why = ("bench.translate_worker runs every system on the CPU: it takes no device" if device != "cpu"
+                   else TINY_SKIPS_PEER if size == "tiny" and system != "ours"
+                   else missing(*NEEDS[fw], *(["transformers"] if system == "transformers" else [])))
+            plan.append((f"translate-{mode}-{fw}-{system}", why or [
+                "-m", "bench.translate_worker", "--framework", fw, "--system", system, "--dtype", "bfloat16",
+                "--config", TRANSLATE_CONFIG[size], "--batch", str(TRANSLATE_B), "--mode", mode,
+                "--repeats", str(REPEATS[size])], 1.0))
     for fw in frameworks(size)["decode"]:
-        name = f"lm-{fw}"
-        if why := missing(*NEEDS[fw], *(["transformers"] if fw == "torch" else [])):
-            part.skip(name, why)
-            continue
-        out = part.out / "lm" / fw
-        rec = part.run(name, ["-m", "bench.run", "--framework", fw, "--device", device, "--out", str(out),
-                              "--workloads", "lm", "--dtypes", "bfloat16", "--repeats", str(REPEATS[size]),
-                              *LM[size]])
-        if rec["status"] == RAN:
-            for r in json.loads((out / f"bench-{fw}.json").read_text())["records"]:
+        plan.append((f"lm-{fw}", missing(*NEEDS[fw], *(["transformers"] if fw == "torch" else [])) or [
+            "-m", "bench.run", "--framework", fw, "--device", device, "--out", str(part.out / "lm" / fw),
+            "--workloads", "lm", "--dtypes", "bfloat16", "--repeats", str(REPEATS[size]), *LM[size]], 1.0))
+    results = []
+    for rec in part.run_all(plan):
+        if rec["status"] == RAN and rec["name"].startswith("translate-"):
+            _, mode, fw, _ = rec["name"].split("-")
+            out = _worker_result((part.out / rec["log"]).read_text())
+            median = float(np.median(out["times_s"]))
+            results.append({"workload": f"translate_{mode}", "framework": fw, "subject": out["subject"],
+                            "B": TRANSLATE_B, "median_s": median, "tokens_per_s": out["tokens"] / median})
+        elif rec["status"] == RAN:
+            fw = rec["name"].removeprefix("lm-")
+            for r in json.loads((part.out / "lm" / fw / f"bench-{fw}.json").read_text())["records"]:
                 results.append({"workload": r["workload"], "framework": fw, "subject": r["subject"],
                                 "B": r["dims"]["B"], "median_s": r["timing"]["median_s"],
                                 "tokens_per_s": r["metrics"]["tokens_per_s"]})

@@ -1,28 +1,22 @@
 """Achieved TFLOP/s of the bench's records and their share of the chip's dense bf16 peak.
 
 FLOPs are ``spec.flops``' (matrix products only, 2 per multiply-add; a training step 3x the forward), as
-``bench.run`` records them; the peaks are the vendors' dense (not sparse) bf16 tensor-core figures.
+``bench.run`` records them; the peaks are the vendors' dense (not sparse) bf16 tensor-core figures, the bench
+report's own table.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# Dense bf16 peak, TFLOP/s, by a name the device reports; the first that the device's name contains is taken
-# (so "H100 PCIe" before "H100").
-PEAKS_BF16: list[tuple[str, float]] = [
-    ("H200", 989.0),        # NVIDIA H200 SXM
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),        # NVIDIA H100 SXM
-    ("A100", 312.0),
-]
+from bench.report import GPU_PEAK_BF16
 
 
 def peak_bf16(device_name: str) -> tuple[float | None, str]:
-    """(the dense bf16 peak in TFLOP/s, None when unknown; how it was found)."""
-    for key, peak in PEAKS_BF16:
+    """(the dense bf16 peak in TFLOP/s from ``bench.report.GPU_PEAK_BF16``, None when unknown; how it was found)."""
+    for key, peak in GPU_PEAK_BF16.items():
         if key.lower() in device_name.lower():
-            return peak, f"{key}: {peak:g} TFLOP/s dense bf16"
+            return peak / 1e12, f"{key}: {peak / 1e12:g} TFLOP/s dense bf16"
     return None, f"no known dense bf16 peak for {device_name!r}: the share of peak is omitted"
 
 

@@ -42,26 +42,31 @@ def child_env(out: Path, device: str) -> dict[str, str]:
 
 
 class Part:
-    """One part's steps in order, the part ending at ``deadline`` (``time.monotonic`` seconds); a step's time
-    limit is its ``weight``'s share of the time the part has left, so a later step keeps its share and whatever
-    an earlier one did not use."""
+    """One part's steps in order, the part ending at ``deadline`` (``time.monotonic`` seconds)."""
 
-    def __init__(self, name: str, out: Path, env: dict[str, str], deadline: float, weights: list[float]):
-        self.name, self.out, self.env, self.deadline, self.weights = name, out, env, deadline, list(weights)
+    def __init__(self, name: str, out: Path, env: dict[str, str], deadline: float):
+        self.name, self.out, self.env, self.deadline = name, out, env, deadline
         self.records: list[dict[str, Any]] = []
 
-    def skip(self, name: str, reason: str) -> dict[str, Any]:
-        """Record the next step as not reached for ``reason``."""
-        self.weights.pop(0)
-        return self._record(name, NOT_REACHED, reason)
+    def run_all(self, plan: list[tuple[str, list[str] | str, float]]) -> list[dict[str, Any]]:
+        """Each (name, ``python`` arguments or why it cannot run, weight) of ``plan`` in order; the records. A step's
+        time limit is its weight's share of the time the part has left among the steps that can run, so a later
+        step keeps its share and whatever an earlier one did not use."""
+        left = sum(w for _, what, w in plan if isinstance(what, list))
+        for name, what, weight in plan:
+            if isinstance(what, str):
+                self._record(name, NOT_REACHED, what)
+                continue
+            self._run(name, what, (self.deadline - time.monotonic()) * weight / left)
+            left -= weight
+        return self.records
 
-    def run(self, name: str, args: list[str]) -> dict[str, Any]:
-        """Run ``python args...`` from the repository root, its output in ``<out>/<part>-<name>.log``; the record
-        (its ``log`` names the file, for the caller to read results from)."""
-        limit = (self.deadline - time.monotonic()) * self.weights[0] / sum(self.weights)
+    def _run(self, name: str, args: list[str], limit: float) -> None:
+        """``python args...`` from the repository root for at most ``limit`` seconds, its output in
+        ``<out>/<part>-<name>.log`` (the record's ``log``, for the caller to read results from)."""
         if limit < MIN_STEP_S:
-            return self.skip(name, f"time budget spent ({limit:.0f} s left for it)")
-        self.weights.pop(0)
+            self._record(name, NOT_REACHED, f"time budget spent ({limit:.0f} s left for it)")
+            return
         log = self.out / f"{self.name}-{name}.log"
         cmd = [sys.executable, *args]
         start = time.monotonic()
@@ -72,19 +77,16 @@ class Part:
                 code = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                code = proc.wait()
-                reason = f"time budget spent: stopped after {limit:.0f} s"
-                return self._record(name, NOT_REACHED, reason, start, cmd, log)
+                proc.wait()
+                self._record(name, NOT_REACHED, f"time budget spent: stopped after {limit:.0f} s", start, cmd, log)
+                return
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        if code:
-            return self._record(name, FAILED, f"exit status {code}: " + "\n".join(tail), start, cmd, log)
-        return self._record(name, RAN, None, start, cmd, log)
+        self._record(name, FAILED if code else RAN, f"exit status {code}: " + "\n".join(tail) if code else None,
+                     start, cmd, log)
 
     def _record(self, name: str, status: str, reason: str | None, start: float | None = None,
-                cmd: list[str] | None = None, log: Path | None = None) -> dict[str, Any]:
-        rec = {"part": self.name, "name": name, "status": status, "reason": reason,
-               "seconds": None if start is None else round(time.monotonic() - start, 1),
-               "command": None if cmd is None else " ".join(["python", *cmd[1:]]),
-               "log": None if log is None else log.name}
-        self.records.append(rec)
-        return rec
+                cmd: list[str] | None = None, log: Path | None = None) -> None:
+        self.records.append({"part": self.name, "name": name, "status": status, "reason": reason,
+                             "seconds": None if start is None else round(time.monotonic() - start, 1),
+                             "command": None if cmd is None else " ".join(["python", *cmd[1:]]),
+                             "log": None if log is None else log.name})

@@ -11,8 +11,8 @@ from tools import gpu_run
 from tools.gpu import parts, speed
 from tools.gpu.steps import NOT_REACHED, RAN
 
-STEPS = [("conformance", "jax"), ("conformance", "torch"), ("bench", "torch-tiny"), ("bench", "jax-tiny"),
-         ("decode", "translate-beam-torch-ours"), ("decode", "translate-beam-torch-transformers"),
+STEPS = [("conformance", "jax"), ("bench", "torch-tiny"), ("bench", "jax-tiny"),
+         ("decode", "translate-greedy-torch-ours"), ("decode", "translate-greedy-torch-transformers"),
          ("decode", "lm-torch")]
 
 
@@ -22,7 +22,7 @@ def run(tmp_path_factory):
     out, real = tmp_path_factory.mktemp("gpu"), parts.missing
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(parts, "missing", lambda *names: "flax not installed" if "flax" in names else real(*names))
-        code = gpu_run.main(["--out", str(out), "--device", "cpu", "--size", "tiny", "--budget-s", "70"])
+        code = gpu_run.main(["--out", str(out), "--device", "cpu", "--size", "tiny", "--budget-s", "60"])
     return code, out, json.loads((out / "gpu-run.json").read_text())
 
 
@@ -47,17 +47,16 @@ def test_report_holds_the_environment_checks_and_figures(run):
     assert {"torch", "jax", "flax"} <= set(env["versions"])
     assert report["peak"]["tflop_per_s"] is None and "omitted" in report["peak"]["note"]
     ran = {s["name"]: s for s in report["steps"] if s["status"] == RAN}
-    for backend in ("jax", "torch"):
-        if backend in ran:
-            checks = ran[backend]["checks"]
-            assert checks["reached"] == checks["outcomes"].get("passed") == 2, checks
+    if "jax" in ran:
+        checks = ran["jax"]["checks"]
+        assert checks["reached"] == checks["outcomes"].get("passed") == 2 and checks["partial"], checks
     if "torch-tiny" in ran:
         assert {(r["workload"], r["subject"]) for r in report["speed"]} == {
             (w, s) for w in ("forward", "train") for s in ("impl_torch", "torch.nn.Transformer")}
         assert all(r["tflop_per_s"] > 0 and r["share_of_peak"] is None for r in report["speed"])
     decoded = {r["workload"] for r in report["decode"]}
-    if "translate-beam-torch-ours" in ran:
-        assert "translate_beam" in decoded, report["decode"]
+    if "translate-greedy-torch-ours" in ran:
+        assert "translate_greedy" in decoded, report["decode"]
     if "lm-torch" in ran:
         assert {"lm_prefill", "lm_decode", "lm_generate"} <= decoded, report["decode"]
     text = (out / "gpu-run.md").read_text()

@@ -19,6 +19,7 @@ from typing import Any
 RAN, FAILED, NOT_REACHED = "ran", "failed", "not reached"
 STATUSES = (RAN, FAILED, NOT_REACHED)
 MIN_STEP_S = 3.0  # a step given less than this is not started: no framework even imports in less
+GRACE = 0.1       # the share of a step's time kept for it to stop when interrupted (pytest then writes its report)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -74,10 +75,9 @@ class Part:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # its own process group: a timeout ends its children
             try:
-                code = proc.wait(timeout=limit)
+                code = proc.wait(timeout=limit * (1 - GRACE))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                _stop(proc, limit * GRACE)
                 self._record(name, NOT_REACHED, f"time budget spent: stopped after {limit:.0f} s", start, cmd, log)
                 return
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
@@ -90,3 +90,25 @@ class Part:
                              "seconds": None if start is None else round(time.monotonic() - start, 1),
                              "command": None if cmd is None else " ".join(["python", *cmd[1:]]),
                              "log": None if log is None else log.name})
+
+
+def _stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """Interrupt the process group (a pytest in it writes the report of what it reached), wait up to ``grace_s``
+    seconds for every process of the group to end, then kill what is left."""
+    os.killpg(proc.pid, signal.SIGINT)
+    end = time.monotonic() + grace_s
+    while _alive(proc) and time.monotonic() < end:
+        time.sleep(0.2)
+    if _alive(proc):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _alive(proc: subprocess.Popen) -> bool:
+    """Whether any process of ``proc``'s group (its children too) is still running."""
+    proc.poll()  # reaps the group's leader once it has ended
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

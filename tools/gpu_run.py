@@ -57,10 +57,14 @@ def environment(device: str) -> dict[str, Any]:
 
 
 def _device_name(device: str) -> str:
+    """The GPU's name as torch reports it ("cpu" on the CPU); a run without a usable GPU still reports."""
     if device == "cpu":
         return "cpu"
-    import torch
-    return torch.cuda.get_device_name()
+    try:
+        import torch
+        return torch.cuda.get_device_name()
+    except (ImportError, RuntimeError, AssertionError) as e:  # no torch, no driver, a CPU build
+        return f"unknown ({type(e).__name__}: {e})"
 
 
 def run(out: Path, device: str, size: str, budget_s: float, only: list[str]) -> dict[str, Any]:

@@ -26,8 +26,9 @@ from spec.api import BACKENDS
 
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch",
              "memory")
-# Datasheet dense bf16 peak (no sparsity), FLOP/s: H100 SXM and H200 share the same tensor cores.
-GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
+# Datasheet dense bf16 peak (no sparsity), FLOP/s, by a name the device reports: the first key the device's name
+# contains is taken ("H100 PCIe" before "H100", which is the SXM part). H100 SXM and H200 share the same tensor cores.
+GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

@@ -14,7 +14,9 @@ shows the next position, a missing final LayerNorm, temperature applied after th
 too few, top-k ties to the higher id, and uniforms that are not the spec's. Seven break the options of published
 checkpoints (``conformance.mutations_options``): Marian's sin-then-cos table laid out as the paper's, GELU for ReLU,
 GELU's tanh approximation for its erf form, attention biases or the logits bias dropped, learned positions that
-forget the cache's offset, and the embedding scaled where the config says not to.
+forget the cache's offset, and the embedding scaled where the config says not to. Three compute LayerNorm's
+statistics otherwise than rule 6's two fp32 passes (``conformance.mutations_norm``): a one-pass variance
+E[x^2] - E[x]^2, the second moment taken as the variance, and epsilon added outside the square root.
 
 The suite runs against the mutated reference backend (``--mutant NAME``), in a subprocess per mutant, after a run
 against the unmutated reference (the baseline). A mutant is caught only by a check whose own assertion fails and
@@ -40,9 +42,10 @@ from pathlib import Path
 from conformance.mutations import MUTANTS as PAPER_MUTANTS
 from conformance.mutations import resolve
 from conformance.mutations_lm import LM_MUTANTS
+from conformance.mutations_norm import NORM_MUTANTS
 from conformance.mutations_options import OPTION_MUTANTS
 
-MUTANTS = {**PAPER_MUTANTS, **LM_MUTANTS, **OPTION_MUTANTS}
+MUTANTS = {**PAPER_MUTANTS, **LM_MUTANTS, **OPTION_MUTANTS, **NORM_MUTANTS}
 DRIFT_GUARD = "the spec no longer gives the case"  # test_golden_train's message when the live oracle left the case
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spec import golden_cases, golden_training, tolerance
+from conformance.oracle import golden_training
+from spec import golden_cases, tolerance
 from spec.config import TINY
 from spec.numerics import Numerics
 from spec.training import TrainConfig

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import _machine  # the bench's record of the host: CPU model, cores, memory, SIMD
+from bench.common import machine  # the bench's record of the host: CPU model, cores, memory, SIMD
 from tools import HelpFormatter
 from tools.gpu import parts, report, speed
 from tools.gpu.steps import FAILED, Part, child_env
@@ -51,7 +51,7 @@ def environment(device: str) -> dict[str, Any]:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
-    host = _machine()
+    host = machine()
     return {"versions": versions, "device_name": _device_name(device), "cpu": host["cpu"], "machine": host,
             "python": host["python"], "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 

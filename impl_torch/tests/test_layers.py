@@ -236,8 +236,8 @@ def _decoded(model, src):
 
 def test_the_kept_rounded_table_follows_every_change_of_the_table():
     """Outside autograd the rounded table is kept with the model: each change of the table (written in place, as
-    an optimizer or load_state_dict does; other memory behind it, as ``Module.to`` gives) is seen by the next decode, which gives
-    what a model built from the changed weights gives."""
+    an optimizer or load_state_dict does; other memory behind it, as ``Module.to`` gives) is seen by the next
+    decode, which gives what a model built from the changed weights gives."""
     config, src = TINY.replace(param_dtype="float32"), [[5, 9, 17, 2]]
     model, other = impl_torch.Transformer(config, seed=0), impl_torch.Transformer(config, seed=1)
     _decoded(model, src)

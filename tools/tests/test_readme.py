@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from bench import report
+from spec.api import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -28,7 +29,7 @@ def test_the_speed_section_is_the_bench_results_rendered():
 def test_the_translation_figures_are_the_demos():
     """Test BLEU of the averaged checkpoints and the training pairs, from docs/translate/translate-demo.json."""
     demo = json.loads((ROOT / "docs" / "translate" / "translate-demo.json").read_text())
-    bleu = {s: demo["test"][s]["averaged"]["bleu"] for s in ("torch", "jax", "tf", "peer")}
+    bleu = {s: demo["test"][s]["averaged"]["bleu"] for s in (*BACKENDS, "peer")}
     claim = re.search(r"torch ([\d.]+), jax ([\d.]+), tf\s+([\d.]+), the stock `torch.nn.Transformer` ([\d.]+)",
                       README)
     assert claim, "the README no longer states the demo's BLEU"
@@ -42,7 +43,7 @@ def test_the_language_model_figures_are_the_demos():
                            re.M))
     claim = re.search(r"([\d.]+) \(torch\),\s+([\d.]+) \(jax\), ([\d.]+) \(tf\) nats", README)
     assert claim, "the README no longer states the language model's losses"
-    assert [float(x) for x in claim.groups()] == [round(float(rows[b]), 3) for b in ("torch", "jax", "tf")]
+    assert [float(x) for x in claim.groups()] == [round(float(rows[b]), 3) for b in BACKENDS]
 
 
 def test_the_gpu_column_is_the_h200_report():

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine  # the bench's record of the host: CPU model, cores, memory, SIMD
-from tools import HelpFormatter
+from spec.data_parallel_cli import HelpFormatter
 from tools.gpu import parts, report, speed
 from tools.gpu.steps import FAILED, Part, child_env
 

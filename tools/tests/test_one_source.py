@@ -66,6 +66,8 @@ def _sources() -> list[tuple[str, str, list[ast.AST]]]:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT)
+            if "build" in rel.parts:  # a wheel build's copies of the sources (setuptools' build/lib), not sources
+                continue
             parts = list(rel.with_suffix("").parts)
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             sources.append((rel.as_posix(), name, nodes(ast.parse(path.read_text(), str(rel)))))

@@ -8,6 +8,12 @@ are, so the backend sees a float or out-of-range id and must raise the spec's
 
 A backend module (``conformance/adapters/backend_<name>.py``) defines
 ``make_backend() -> Backend``.
+
+An implementation that does only part of the contract says so: ``Backend.supports``
+names what it can do (a subset of ``CAPABILITIES``), and an adapter raises
+``NotSupported`` (from ``load`` or any method) for anything else, such as a config
+its model cannot express. Either way the check is reported as "not supported",
+never as passed or failed.
 """
 
 from __future__ import annotations
@@ -20,6 +26,26 @@ import numpy as np
 
 from spec.config import Config
 from spec.training import TrainConfig
+
+
+CAPABILITIES = frozenset({
+    "encoder_decoder", "decoder_only",   # the model kinds it can load
+    "float32", "bfloat16",               # the activation dtypes (``Config.dtype``) it can run
+    "forward",                           # Model.forward, teacher-forced logits
+    "intermediates",                     # Model.forward(intermediates=True): the named tensors of spec.shapes
+    "encode", "cache",                   # Model.encode; Model.decode_steps through a KV cache
+    "greedy", "beam", "generate", "sample",
+    "layers",                            # Model.run_layer
+    "dropout",                           # Model.forward(dropout_seed=...)
+    "train",                             # Model.train
+    "save",                              # Model.save
+    "errors",                            # the spec's ValueError on bad ids and arguments
+})
+
+
+class NotSupported(Exception):
+    """Raised by an adapter for a check its implementation cannot run (a config it cannot express, no KV cache, no
+    training): the check is reported as "not supported", never as passed or failed."""
 
 
 class Model(Protocol):
@@ -75,6 +101,7 @@ class Model(Protocol):
 
 class Backend(Protocol):
     name: str
+    supports: frozenset[str]  # a subset of CAPABILITIES; the built-in backends support all of them
 
     def load(self, path: Path) -> Model:
         """Build a model from a canonical safetensors file with the backend's own ``load_weights``."""

@@ -18,7 +18,9 @@ import pytest
 RANK = ("passed", "skipped", "assertion", "error")
 
 
-class _Outcomes:
+class Outcomes:
+    """Each check's worst outcome over its phases, with the message of the phase that decided it."""
+
     def __init__(self):
         self.checks: dict[str, dict] = {}
 
@@ -53,7 +55,7 @@ def _message(call) -> str:
 
 
 def pytest_configure(config):
-    config._mutants_outcomes = _Outcomes()
+    config._mutants_outcomes = Outcomes()
     config.pluginmanager.register(config._mutants_outcomes, "mutants-outcomes")
 
 

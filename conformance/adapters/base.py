@@ -27,7 +27,6 @@ import numpy as np
 from spec.config import Config
 from spec.training import TrainConfig
 
-
 CAPABILITIES = frozenset({
     "encoder_decoder", "decoder_only",   # the model kinds it can load
     "float32", "bfloat16",               # the activation dtypes (``Config.dtype``) it can run

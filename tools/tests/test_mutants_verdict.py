@@ -29,7 +29,7 @@ def _record(outcomes, nodeid: str, when: str, outcome: str, exc: BaseException |
 
 
 def test_plugin_tells_an_assertion_from_an_error():
-    o = mutants_plugin._Outcomes()
+    o = mutants_plugin.Outcomes()
     _record(o, "conformance/test_golden.py::test_judged[a]", "call", "failed", AssertionError("out of tolerance"))
     _record(o, "conformance/test_golden.py::test_crashes[a]", "call", "failed", RuntimeError("kernel"))
     _record(o, "conformance/test_golden.py::test_fixture[a]", "setup", "failed", AssertionError("in a fixture"))
@@ -42,7 +42,7 @@ def test_plugin_tells_an_assertion_from_an_error():
 
 
 def test_plugin_keeps_the_worst_phase():
-    o = mutants_plugin._Outcomes()
+    o = mutants_plugin.Outcomes()
     _record(o, "m.py::test_x", "call", "failed", AssertionError("judged"))
     _record(o, "m.py::test_x", "teardown", "failed", OSError("cleanup"))
     assert o.checks["x"]["outcome"] == "error"

@@ -34,12 +34,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 
 import spec
 from bench import verdict
-from bench.common import bench_params, fit_exponent, inputs, machine, measure, measure_together, targets, window_median
+from bench.common import bench_params, fit_exponent, inputs, machine, measure, measure_together, targets
+from bench.decoding_run import run_beam, run_greedy
 from bench.lm_common import LM_SIZES
 from bench.lm_run import run_lm
 from bench.memory import run_memory
@@ -49,7 +49,6 @@ from spec.api import BACKENDS
 from spec.flops import forward_flops, train_step_flops
 
 WORKLOADS = ("matmul", "forward", "greedy", "beam", "train", "scaling", "lm", "translate", "paper_batch", "memory")
-STEP_ROUNDS, MAX_STEP_ROUNDS = verdict.MIN_ROUNDS, 8   # rounds of the step series: at least, at most while undecided
 console = Console(stderr=True)
 
 
@@ -130,52 +129,10 @@ class Runner:
         return records
 
     def greedy(self) -> None:
-        """Greedy search in each dtype, timed together (bf16 against fp32: the decoding-speed target); then each
-        dtype's per-step cost with and without the cache, in rounds (``_steps``)."""
-        B, S, dtypes = self.args.batch, self.args.src_len, self.args.dtypes
-        short = self.args.new_tokens[0]
-        models = {dtype: (self.ours(dtype), inputs(self.configs[dtype], B, S, 1)[0]) for dtype in dtypes}
-        calls = [lambda m=m, s=s: m.greedy(s, short) for m, s in models.values()]
-        until = verdict.versus(dtypes.index("float32"), [dtypes.index("bfloat16")], 1.0, at_most=False) \
-            if set(dtypes) >= {"float32", "bfloat16"} else None
-        for dtype, timing in zip(dtypes, measure_together(calls, self.args.repeats, until=until), strict=True):
-            self.record("greedy", models[dtype][0].name, dtype, {"B": B, "S": S, "new_tokens": short},
-                        timing=timing.as_dict(), metrics={"tokens_per_s": B * short / timing.median_s})
-        for dtype, (model, src) in models.items():
-            self._steps(model, src, dtype)
-
-    def _steps(self, model: Any, src: np.ndarray, dtype: str) -> None:
-        """Rounds of the per-step cost up to the long run's last token with the cache and over the short run
-        without it, until the cache's speed-up (>= 5) and the step's growth (<= 1.10) are decided (at least
-        ``STEP_ROUNDS``, at most ``MAX_STEP_ROUNDS``); the figures are the rounds' medians."""
-        short, long = self.args.new_tokens
-        model.cached_steps(src, long)  # warm-up: compilation
-        model.recomputed_steps(src, short)
-        speedups, growths, cached = [], [], []
-        while len(speedups) < STEP_ROUNDS or len(speedups) < MAX_STEP_ROUNDS and verdict.UNDECIDED in (
-                verdict.judge(speedups, 5.0, at_most=False).outcome, verdict.judge(growths, 1.10).outcome):
-            cached, recomputed = model.cached_steps(src, long), model.recomputed_steps(src, short)
-            speedups.append(sum(recomputed) / sum(cached[:short]))
-            growths.append(window_median(cached, long) / window_median(cached, short))
-        self.record("greedy_steps", model.name, dtype, {"B": self.args.batch, "S": src.shape[1], "new_tokens": long},
-                    cached_step_s=cached, recomputed_step_s=recomputed, cache_speedup_rounds=speedups,
-                    step_growth_rounds=growths,
-                    metrics={"tokens_per_s": self.args.batch * long / sum(cached),
-                             f"ms_per_step_at_{short}": window_median(cached, short) * 1e3,
-                             f"ms_per_step_at_{long}": window_median(cached, long) * 1e3,
-                             "step_growth": float(np.median(growths)), "cache_speedup": float(np.median(speedups))})
+        run_greedy(self)
 
     def beam(self) -> None:
-        """Beam 4 and greedy search timed together in each dtype (beam over greedy: its target, <= 3)."""
-        B, S, n = self.args.batch, self.args.src_len, self.args.new_tokens[0]
-        for dtype in self.args.dtypes:
-            model, (src, _) = self.ours(dtype), inputs(self.configs[dtype], B, S, 1)
-            calls = [lambda m=model, s=src: m.greedy(s, n), lambda m=model, s=src: m.beam(s, n, 4)]
-            greedy, timing = measure_together(calls, self.args.repeats, until=verdict.versus(1, [0], 3.0))
-            ratios = verdict.paired(timing.times_s, greedy.times_s)
-            self.record("beam", model.name, dtype, {"B": B, "S": S, "new_tokens": n, "beam_size": 4},
-                        timing=timing.as_dict(), greedy_times_s=greedy.times_s,
-                        metrics={"tokens_per_s": B * n / timing.median_s, "vs_greedy": float(np.median(ratios))})
+        run_beam(self)
 
     def train(self) -> None:
         """Our ``train_step`` (forward, backward, Adam; dropout at the paper's 0.1) through the common API, and the

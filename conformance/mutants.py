@@ -6,17 +6,18 @@ round where the contract says not to, proving the error bounds tight enough to s
 rounding it asks for, the residual sum kept in fp32, which only the agreement bound sees, and LayerNorm statistics
 in bf16, which a large mean also shows; a softmax without its max subtraction, which only scores that overflow fp32
 exp see); six break decoding (the search, the length penalty, the KV cache's positions, the special tokens, a greedy
-search that writes on after a row's EOS); and eight break training (label smoothing off, padding counted in the
-loss, Adam's beta2 0.999, no warmup, dropout left on in evaluation, dropout applied after the residual sum, which
-only the dropout check sees, weight gradients rounded to bf16 in mixed precision, and one LayerNorm scale's gradient
-rounded so). Six more break the decoder-only model and sampling (``conformance.mutations_lm``): a causal mask that
-shows the next position, a missing final LayerNorm, temperature applied after the softmax, top-p keeping one token
-too few, top-k ties to the higher id, and uniforms that are not the spec's. Seven break the options of published
-checkpoints (``conformance.mutations_options``): Marian's sin-then-cos table laid out as the paper's, GELU for ReLU,
-GELU's tanh approximation for its erf form, attention biases or the logits bias dropped, learned positions that
-forget the cache's offset, and the embedding scaled where the config says not to. Three compute LayerNorm's
-statistics otherwise than rule 6's two fp32 passes (``conformance.mutations_norm``): a one-pass variance
-E[x^2] - E[x]^2, the second moment taken as the variance, and epsilon added outside the square root.
+search that writes on after a row's EOS); and eight break training (``conformance.mutations_training``: label
+smoothing off, padding counted in the loss, Adam's beta2 0.999, no warmup, dropout left on in evaluation, dropout
+applied after the residual sum, which only the dropout check sees, weight gradients rounded to bf16 in mixed
+precision, and one LayerNorm scale's gradient rounded so). Six more break the decoder-only model and sampling
+(``conformance.mutations_lm``): a causal mask that shows the next position, a missing final LayerNorm, temperature
+applied after the softmax, top-p keeping one token too few, top-k ties to the higher id, and uniforms that are not
+the spec's. Seven break the options of published checkpoints (``conformance.mutations_options``): Marian's
+sin-then-cos table laid out as the paper's, GELU for ReLU, GELU's tanh approximation for its erf form, attention
+biases or the logits bias dropped, learned positions that forget the cache's offset, and the embedding scaled where
+the config says not to. Three compute LayerNorm's statistics otherwise than rule 6's two fp32 passes
+(``conformance.mutations_norm``): a one-pass variance E[x^2] - E[x]^2, the second moment taken as the variance, and
+epsilon added outside the square root.
 
 The suite runs against the mutated reference backend (``--mutant NAME``), in a subprocess per mutant, after a run
 against the unmutated reference (the baseline). A mutant is caught only by a check whose own assertion fails and
@@ -44,8 +45,9 @@ from conformance.mutations import resolve
 from conformance.mutations_lm import LM_MUTANTS
 from conformance.mutations_norm import NORM_MUTANTS
 from conformance.mutations_options import OPTION_MUTANTS
+from conformance.mutations_training import TRAINING_MUTANTS
 
-MUTANTS = {**PAPER_MUTANTS, **LM_MUTANTS, **OPTION_MUTANTS, **NORM_MUTANTS}
+MUTANTS = {**PAPER_MUTANTS, **TRAINING_MUTANTS, **LM_MUTANTS, **OPTION_MUTANTS, **NORM_MUTANTS}
 DRIFT_GUARD = "the spec no longer gives the case"  # test_golden_train's message when the live oracle left the case
 
 

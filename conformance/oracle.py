@@ -1,7 +1,7 @@
 """The live oracle: private copies of the spec modules that checks computing the spec's answer at test time use
-(``spec.reference``, ``spec.search``, and the training run of ``spec.golden_training`` with ``spec.training`` and
-``spec.backward``). ``--mutant`` patches the shared modules for the reference backend under test; it must never
-reach the oracle a backend is judged against."""
+(``spec.reference``, ``spec.search``, and the training run of ``spec.trajectory`` and ``spec.golden_training``
+with ``spec.training`` and ``spec.backward``). ``--mutant`` patches the shared modules for the reference backend
+under test; it must never reach the oracle a backend is judged against."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import importlib
 import sys
 
 _COPIED = ("spec.reference", "spec.search", "spec.training", "spec.backward_layers", "spec.backward",
-           "spec.golden_training")
+           "spec.trajectory", "spec.golden_training")
 
 
 def _private_copies(names: tuple[str, ...]) -> list:
@@ -31,4 +31,4 @@ def _private_copies(names: tuple[str, ...]) -> list:
                 vars(sys.modules[parent]).pop(child, None)
 
 
-ref, search, training, backward_layers, backward, golden_training = _private_copies(_COPIED)
+ref, search, training, backward_layers, backward, trajectory, golden_training = _private_copies(_COPIED)

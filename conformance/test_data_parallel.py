@@ -32,7 +32,7 @@ import pytest
 import safetensors.numpy
 
 import spec
-from spec import data_parallel, data_parallel_cli, golden_training, tolerance, training
+from spec import data_parallel, data_parallel_cli, golden_training, tolerance, training, trajectory
 from spec.numerics import Numerics
 
 STEPS, BATCH, SEED = 10, 32, 0  # 32 rows: every step 17 tokens long, one compiled program (a new length bucket is
@@ -101,7 +101,7 @@ def spec_runs():
     tc = data_parallel.demo.TRAIN_CONFIG  # the command line's default schedule
     batches = [data_parallel.global_batch(c, k, BATCH, SEED) for k in range(1, STEPS + 1)]
     params = spec.init_params(c, SEED)
-    exact, faithful = (golden_training.trajectory(params, batches, c, tc, nx)
+    exact, faithful = (trajectory.trajectory(params, batches, c, tc, nx)
                        for nx in (Numerics("exact"), Numerics("float32")))
     undecided = {k: {name: golden_training.undecided_mask(exact["grads"], faithful["grads"], name, k, c)
                      for name in params} for k in RECORDED}
@@ -135,7 +135,7 @@ def verdicts(got: dict, want: dict, spec_runs, runs_compared: int = 1) -> dict[s
 
 
 def as_recorded(trajectory: dict) -> dict:
-    """A ``golden_training.trajectory`` in the form of ``recorded``."""
+    """A ``trajectory.trajectory`` in the form of ``recorded``."""
     out = {"loss": np.array(trajectory["loss"])}
     for k in RECORDED:
         out[f"grad_{k}"], out[f"params_{k}"] = trajectory["grads"][k - 1], trajectory["params"][k - 1]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conformance import golden as G
-from conformance.oracle import golden_training
-from spec import agreement, golden_cases, golden_recipes
+from conformance.oracle import golden_training, trajectory
+from spec import agreement, golden_cases, golden_recipes, golden_training_judge
 from spec.training import TrainConfig
 
 
@@ -104,7 +104,7 @@ def test_golden_train(case, model_for, record, record_property):
     on whole tensors against the spec's exact run, recomputed live by the oracle (``conformance.oracle``, out of
     ``--mutant``'s reach) and checked against what the case stores."""
     t = case.meta["train"]
-    batches = golden_training.batches_of(case.inputs)
+    batches = trajectory.batches_of(case.inputs)
     c, params = golden_cases.case_params(case.meta, case.params)
     result = model_for(case).train(batches, TrainConfig(**t["train_config"]), record_after=(1, t["steps"]))
     exact, faithful, undecided = golden_training.runs(params, batches, c)
@@ -124,7 +124,7 @@ def test_golden_train(case, model_for, record, record_property):
     # that wrote the case they agree up to float64 noise.
     assert all(golden_recipes.close_up_to_noise(stored[k], v) for k, v in case.expected.items()), \
         "the spec no longer gives the case"
-    record(golden_training.judge(case.meta, exact, undecided, result))
+    record(golden_training_judge.judge(case.meta, exact, undecided, result))
 
 
 def _ids(case) -> tuple:

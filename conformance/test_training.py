@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.oracle import golden_training
+from conformance.oracle import golden_training, trajectory
 from spec import golden_cases, tolerance
 from spec.config import TINY
 from spec.numerics import Numerics
@@ -35,7 +35,7 @@ def _batches(c) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
 def test_loss_curve_of_50_steps_follows_the_spec(dtype, load_model, record):
     c = TINY.replace(dtype=dtype, param_dtype="float32", dropout=0.0)
     params, batches = golden_cases.make_params(c, 31), _batches(c)
-    exact, faithful = (np.array(golden_training.trajectory(params, batches, c, TRAIN, nx)["loss"])
+    exact, faithful = (np.array(trajectory.trajectory(params, batches, c, TRAIN, nx)["loss"])
                        for nx in (Numerics("exact"), Numerics(dtype)))
     got = load_model(c, params).train(batches, TRAIN, record_after=())["loss"]              # (STEPS,)
     assert got.shape == (STEPS,) and np.isfinite(got).all()
@@ -49,7 +49,7 @@ def test_the_learning_rate_scale_is_applied(load_model, record):
     c, tc = TINY.replace(dtype="float32", param_dtype="float32", dropout=0.0), TrainConfig(warmup_steps=10,
                                                                                            lr_scale=0.25)
     params, batches = golden_cases.make_params(c, 31), _batches(c)[:10]
-    exact, faithful = (np.array(golden_training.trajectory(params, batches, c, tc, nx)["loss"])
+    exact, faithful = (np.array(trajectory.trajectory(params, batches, c, tc, nx)["loss"])
                        for nx in (Numerics("exact"), Numerics("float32")))
     got = load_model(c, params).train(batches, tc, record_after=())["loss"]                   # (10,)
     record({"loss_curve_lr_scale": tolerance.judge_gradient(got, exact,
@@ -70,7 +70,7 @@ def test_training_on_batches_of_changing_shape_follows_the_spec(load_model, reco
         case = golden_training.TrainCase("shapes", "tiny", c.dtype, 31, B, S, T, (1.0, 1), (1.0, 1))
         b = golden_training.make_batches(c, case, rng)
         batches.append((b["src"][0], b["tgt_in"][0], b["tgt_out"][0]))
-    exact, faithful = (np.array(golden_training.trajectory(params, batches, c, TRAIN, nx)["loss"])
+    exact, faithful = (np.array(trajectory.trajectory(params, batches, c, TRAIN, nx)["loss"])
                        for nx in (Numerics("exact"), Numerics(c.dtype)))
     got = load_model(c, params).train(batches, TRAIN, record_after=())["loss"]              # (len(SHAPES),)
     record({"loss_changing_shapes": tolerance.judge_gradient(got, exact,

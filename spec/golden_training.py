@@ -35,8 +35,8 @@ summed learning rate (``tolerance.update_error_stats``), on the elements whose s
 ones are stored as ``undecided_<step>.<name>`` masks: ``spec.tolerance``). Whole tensors, because in mixed
 precision gradient errors are sparse and large where a pre-activation near zero takes the other side of a ReLU:
 in small mixed the ideal's worst element of ``decoder.layers.2.ffn.b_1`` (179 bf16 ulps) lies outside the stored
-sample, while impl_jax's flips (180 and 143) land inside it. ``judge`` applies ``tolerance.judge_gradient`` and
-``judge_update`` to a backend's run.
+sample, while impl_jax's flips (180 and 143) land inside it. ``spec.golden_training_judge`` reads a case and judges
+a backend's run by ``tolerance.judge_gradient`` and ``judge_update``.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ import zlib
 
 import numpy as np
 
-from spec import backward, golden_cases, tolerance, training
+from spec import golden_cases, tolerance, training
 from spec.config import Config
-from spec.numerics import Numerics, np_dtype
+from spec.numerics import Numerics
+from spec.trajectory import batches_of, trajectory
 
 STEPS = 3
 TRAIN_CONFIG = training.TrainConfig(warmup_steps=10)
@@ -70,47 +71,6 @@ def sampled(x: np.ndarray, fraction: float, min_elements: int) -> np.ndarray:
     n = x.size
     m = min(n, max(min_elements, int(np.ceil(fraction * n))))
     return x.reshape(-1)[np.unique(np.linspace(0, n - 1, m).round().astype(int))]
-
-
-def model_weights(master: dict[str, np.ndarray], c: Config) -> dict[str, np.ndarray]:
-    """Master weights (float64 arrays) as they enter the computation: rounded to ``c.dtype`` if bf16 (rule 0), as
-    they are in fp32 (the exact trajectory's float64 weights are not rounded; the faithful one's hold fp32 values)."""
-    if c.dtype == "float32":
-        return master
-    bf16 = np_dtype(c.dtype)
-    return {k: v.astype(np.float32).astype(bf16).astype(np.float64) for k, v in master.items()}
-
-
-def trajectory(params: dict[str, np.ndarray], batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], c: Config,
-               tc: training.TrainConfig, nx: Numerics) -> dict:
-    """A training run, exact (float64) or faithful (``Numerics(c.dtype)``): one Adam step per batch.
-
-    Returns {"loss": [loss before each step], "grads": [gradients of each step], "params": [weights after each
-    step]}, weights as float64 arrays.
-    """
-    master = {k: np.asarray(v, np.float64) for k, v in params.items()}
-    state = training.adam_init(master)
-    out = {"loss": [], "grads": [], "params": []}
-    for batch in batches:
-        loss, grads = backward.gradients_at(model_weights(master, c), *_teacher_forced(batch), c, tc.label_smoothing,
-                                            nx)
-        master, state = training.adam_update(master, grads, state, c.d_model, tc, nx)
-        out["loss"].append(loss)
-        out["grads"].append(grads)
-        out["params"].append(master)
-    return out
-
-
-def _teacher_forced(batch: tuple) -> tuple:
-    """A batch as (src, tgt_in, tgt_out): a decoder-only batch (tokens,) as (None, inputs, next tokens)."""
-    return batch if len(batch) == 3 else (None, batch[0][:, :-1], batch[0][:, 1:])
-
-
-def batches_of(inputs: dict[str, np.ndarray]) -> list[tuple[np.ndarray, ...]]:
-    """A case's inputs as one batch per step: (src, tgt_in, tgt_out), or (tokens,) for a decoder-only model."""
-    if "tokens" in inputs:
-        return [(t,) for t in inputs["tokens"]]
-    return list(zip(inputs["src"], inputs["tgt_in"], inputs["tgt_out"], strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,40 +214,3 @@ def generate(w) -> None:
     """Write every training case (called by ``golden_recipes.generate``)."""
     for case in TRAIN_CASES:
         write(w, case)
-
-
-def load_case(root, name: str) -> tuple[dict, Config, dict, dict, dict]:
-    """A training case from folder ``root``: (meta, config, weights checked against their sha256, inputs,
-    expected)."""
-    import json
-    from pathlib import Path
-
-    import safetensors.numpy
-
-    d = Path(root) / name
-    meta = json.loads((d / "meta.json").read_text())
-    c, params = golden_cases.case_params(meta)
-    return (meta, c, params, safetensors.numpy.load_file(str(d / "inputs.safetensors")),
-            safetensors.numpy.load_file(str(d / "expected.safetensors")))
-
-
-def judge(meta: dict, exact: dict, undecided: dict, result: dict) -> dict[str, tolerance.Verdict]:
-    """Judge a backend's run of a training case by ``spec.tolerance``'s training policy, on whole tensors.
-
-    ``exact`` and ``undecided``: from ``runs`` (live; ``stored`` of them is what the case holds). ``result``:
-    {"loss": (STEPS,) losses before each step, "grad": {name: gradient at the initial weights}, "params_1" and
-    f"params_{STEPS}": {name: weights after that step}}. Returns {tensor name as meta["tensors"] has it: Verdict}.
-    """
-    dtype = meta["config"]["dtype"]
-    stats = {k: tolerance.ErrorStats(**{f: v[f] for f in ("max_abs", "max_eps", "rms_eps", "scale", "unit")})
-             for k, v in meta["tensors"].items()}
-    out = {"loss": tolerance.judge_gradient(np.asarray(result["loss"]), exact["loss"], stats["loss"])}
-    for key in stats:
-        group, _, name = key.partition(".")
-        if group == "grad":
-            out[key] = tolerance.judge_gradient(result["grad"][name], exact["grad"][name], stats[key])
-        elif group.startswith("params_"):
-            step = int(group.removeprefix("params_"))
-            out[key] = tolerance.judge_update(result[group][name], exact[group][name], stats[key], dtype,
-                                              undecided[step][name])
-    return out

@@ -53,8 +53,7 @@ from spec import reference as ref
 from spec import validate
 from spec.config import Config
 from spec.numerics import Numerics
-
-Trace = dict | None
+from spec.search_trace import Trace, note_gap, note_margin, overall_margin, row_traces, trace_beam_step
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -88,39 +87,11 @@ def _descending(x: np.ndarray) -> np.ndarray:
     return np.argsort(-x, kind="stable")
 
 
-def _note_gap(row: Trace, sorted_scores: np.ndarray, i: int, reach: float = np.inf) -> None:
-    """Record in a row's trace the gap between sorted scores i and i+1, which decided a cut."""
-    if row is None or i + 1 >= sorted_scores.size:
-        return
-    a, b = sorted_scores[i], sorted_scores[i + 1]
-    if np.isfinite(a) and np.isfinite(b):
-        _note_margin(row, float(a - b), reach)
-
-
-def _note_margin(row: Trace, gap: float, reach: float = np.inf) -> None:
-    if row is not None:
-        row["margin"] = min(row.get("margin", np.inf), gap)
-        row.setdefault("decisions", []).append((gap, float(reach)))
-
-
 def decisive_margin(row: dict, slack: float) -> float:
     """The smallest gap of a row's decisions whose reach is within ``slack`` of the answer's score (all of them
     where the row has no ``score``: greedy search, or a beam that finished nothing)."""
     floor = row.get("score", -np.inf) - slack
     return min((gap for gap, reach in row.get("decisions", []) if reach >= floor), default=np.inf)
-
-
-def _row_traces(trace: Trace, B: int) -> list[Trace]:
-    """One trace dict per sequence, listed in ``trace["rows"]`` (or Nones without a trace)."""
-    if trace is None:
-        return [None] * B
-    trace["rows"] = [{} for _ in range(B)]
-    return trace["rows"]
-
-
-def _overall_margin(trace: Trace) -> None:
-    if trace is not None:
-        trace["margin"] = min((r.get("margin", np.inf) for r in trace["rows"]), default=np.inf)
 
 
 def greedy_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, max_new_tokens: int | None = None,
@@ -133,7 +104,7 @@ def greedy_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, 
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     B = src.shape[0]
-    rows = _row_traces(trace, B)
+    rows = row_traces(trace, B)
     model = ref.Transformer(params, c, nx)
     cache = model.init_cache(model.encode(src), src, int(limits.max()))
     out = np.full((B, int(limits.max())), c.pad_id, np.int64)
@@ -143,14 +114,14 @@ def greedy_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, 
         logits, cache = model.decode(tokens[:, None], cache)
         logits = forbid_special(logits[:, 0], c)                           # (B, V)
         for b in np.flatnonzero(~done):
-            _note_gap(rows[b], np.sort(logits[b])[::-1], 0)
+            note_gap(rows[b], np.sort(logits[b])[::-1], 0)
         tokens = np.where(done, c.pad_id, np.argmax(logits, axis=-1))     # argmax: first of equal maxima
         out[:, t] = tokens
         done |= (tokens == c.eos_id) | (t + 1 >= limits)
         if done.all():
             out = out[:, :t + 1]
             break
-    _overall_margin(trace)
+    overall_margin(trace)
     return out
 
 
@@ -169,10 +140,10 @@ def beam_search(params: ref.Params, src: np.ndarray, c: Config, nx: Numerics, be
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
-    traces = _row_traces(trace, src.shape[0])
+    traces = row_traces(trace, src.shape[0])
     rows = [_beam_one(params, src[b:b + 1], int(limits[b]), int(beam_size), float(alpha), c, nx, traces[b])
             for b in range(src.shape[0])]
-    _overall_margin(trace)
+    overall_margin(trace)
     out = np.full((len(rows), max(len(r) for r in rows)), c.pad_id, np.int64)
     for b, r in enumerate(rows):
         out[b, :len(r)] = r
@@ -192,18 +163,19 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
     tokens = np.full(k, c.bos_id, np.int64)
     max_lp = nx.acc(length_penalty(limit, alpha))
     first_finished = None
+    n = candidate_count(k)
     for t in range(1, limit + 1):
         logits, cache = model.decode(tokens[:, None], cache)                 # (k, 1, V)
         logp = forbid_special(log_softmax(logits[:, 0], nx), c)
         cand = nx.acc(alive_lp[:, None] + logp).ravel()                       # (k * V,)
         order = _descending(cand)
-        top = order[:candidate_count(k)]
+        top = order[:n]
         beam, tok = np.divmod(top, c.vocab_size)
         seq = np.concatenate([alive_seq[beam], tok[:, None]], axis=1)       # (2k, t)
         is_eos = tok == c.eos_id
         lp_t = nx.acc(length_penalty(t, alpha))
         if trace is not None:
-            _trace_beam_step(trace, cand, order, k, c, lp_t, fin_score[k - 1], max_lp)
+            trace_beam_step(trace, cand, order, k, n, c, lp_t, fin_score[k - 1], max_lp)
 
         alive_score = np.where(is_eos, -np.inf, cand[top])
         alive = _descending(alive_score)[:k]
@@ -214,7 +186,7 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
         merged = np.concatenate([fin_score, new_score])
         keep = _descending(merged)
         ranked = merged[keep]
-        _note_gap(trace, ranked, k - 1, ranked[k - 1])
+        note_gap(trace, ranked, k - 1, ranked[k - 1])
         fin_seq = np.concatenate([fin_seq, np.pad(seq, ((0, 0), (0, limit - t)), constant_values=c.pad_id)])[keep[:k]]
         fin_score = merged[keep[:k]]
         if first_finished is None and np.isfinite(fin_score[0]):
@@ -222,18 +194,18 @@ def _beam_one(params: ref.Params, src: np.ndarray, limit: int, k: int, alpha: fl
 
         bound = nx.acc(alive_lp.max() / max_lp)
         if np.isfinite(fin_score.min()) and np.isfinite(bound):
-            _note_margin(trace, abs(float(fin_score.min() - bound)), max(bound, fin_score.min()))
+            note_margin(trace, abs(float(fin_score.min() - bound)), max(bound, fin_score.min()))
         if t == limit or fin_score.min() >= bound:
             break
     if trace is not None:
         trace.update(steps=t, early_stop=bool(t < limit), overtaken=False)
     if np.isfinite(fin_score[0]):
-        _note_gap(trace, fin_score, 0)  # the best finished hypothesis is the answer
+        note_gap(trace, fin_score, 0)  # the best finished hypothesis is the answer
         answer = _trim(fin_seq[0], c)
         if trace is not None:
             trace.update(overtaken=bool(len(answer) > first_finished), score=float(fin_score[0]))
         return answer
-    _note_gap(trace, alive_lp, 0)  # the best alive hypothesis is the answer
+    note_gap(trace, alive_lp, 0)  # the best alive hypothesis is the answer
     return alive_seq[0]
 
 
@@ -242,28 +214,6 @@ def _select(cache: ref.KVCache, rows: np.ndarray) -> ref.KVCache:
     take = lambda kv: (kv[0][rows], kv[1][rows])  # noqa: E731
     return ref.KVCache([take(kv) for kv in cache.self_kv], cache.key_mask[rows],
                        [take(kv) for kv in cache.memory_kv], cache.memory_mask[rows], cache.length)
-
-
-def _trace_beam_step(trace: dict, cand: np.ndarray, order: np.ndarray, k: int, c: Config, lp_t: float,
-                     kth_finished: float, max_lp: float) -> None:
-    """Record the gaps that decide one beam step (module docstring).
-
-    The top 2k candidates hold at most k EOS candidates (one per beam), so the
-    alive set is the top k non-EOS candidates overall: the gap at that cut
-    decides it; the better of its two sides reaches at most its log-probability
-    over the length penalty at the limit. An EOS candidate matters if its
-    normalised score could enter the finished top k; then its distance to the
-    2k cut decides whether it is considered at all.
-    """
-    n = candidate_count(k)
-    eos = order % c.vocab_size == c.eos_id
-    alive = cand[order[~eos]]
-    _note_gap(trace, alive, k - 1, alive[k - 1] / max_lp if alive.size >= k else np.inf)
-    hi, lo = cand[order[n - 1]], cand[order[n]]
-    for rank in np.flatnonzero(eos):
-        score = cand[order[rank]]
-        if np.isfinite(score) and score / lp_t >= kth_finished:
-            _note_margin(trace, float(score - lo if rank < n else hi - score), max(score, hi) / max_lp)
 
 
 def _trim(seq: np.ndarray, c: Config) -> np.ndarray:

@@ -1,11 +1,8 @@
 """Tolerance policy: how far a backend may be from the float64 ("exact") result.
 
 Errors are measured against the exact result, never against another backend,
-in units of the dtype's epsilon times the tensor's scale:
-
-    err_eps = |actual - exact| / (EPS[dtype] * rms(exact))
-
-so one unit is about one rounding of a typical element. For each checked
+in units of the dtype's epsilon times the tensor's scale (``spec.errors``):
+one unit is about one rounding of a typical element. For each checked
 tensor the golden file stores the bf16- (or fp32-) faithful reference's own
 error against exact: the error of an *ideal* implementation of the contract,
 one that rounds only where ``spec.numerics`` says. A backend passes when
@@ -72,6 +69,7 @@ import dataclasses
 
 import numpy as np
 
+from spec.errors import ErrorStats, error_stats, update_error_stats
 from spec.numerics import EPS
 
 MAX_RATIO = {"bfloat16": 4.0, "float32": 16.0}
@@ -79,32 +77,6 @@ RMS_RATIO = {"bfloat16": 1.5, "float32": None}
 FLOOR_EPS = {"bfloat16": 1.0, "float32": 8.0}
 PE_ABS_PER_POSITION = 4 * EPS["float32"]
 DECISION_MARGIN_FACTOR = 2.0
-
-
-@dataclasses.dataclass(frozen=True)
-class ErrorStats:
-    """Error of ``actual`` against ``exact`` for one tensor."""
-    max_abs: float
-    max_eps: float    # max |a - x| / (eps * rms(x))
-    rms_eps: float    # rms(a - x) / (eps * rms(x))
-    scale: float      # rms(x)
-    unit: str         # the dtype whose eps is the unit
-
-    def to_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
-
-
-def error_stats(actual: np.ndarray, exact: np.ndarray, dtype: str) -> ErrorStats:
-    """Error of ``actual`` against ``exact`` in units of ``EPS[dtype] * rms(exact)``."""
-    a = np.asarray(actual, np.float64)
-    x = np.asarray(exact, np.float64)
-    if a.shape != x.shape:
-        raise ValueError(f"shape {a.shape} differs from expected {x.shape}")
-    d = np.abs(a - x)
-    d = np.where(np.isnan(d), np.inf, d)
-    scale = float(np.sqrt(np.mean(x * x))) or 1.0
-    unit = EPS[dtype] * scale
-    return ErrorStats(float(d.max()), float(d.max() / unit), float(np.sqrt(np.mean(d * d)) / unit), scale, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,26 +167,6 @@ UPDATE_FLOOR = 1e-3
 UPDATE_FLIP = 2.5
 UPDATE_MARGIN = 10.0
 UPDATE_EPS_SENSITIVE = 1000.0   # times adam_eps
-
-
-def update_error_stats(actual: np.ndarray, exact: np.ndarray, lr_total: float) -> ErrorStats:
-    """Error of weights after Adam steps in units of ``lr_total``, the summed learning rate of those steps
-    (unit "update"; ``max_eps``/``rms_eps`` are in these units, ``scale`` is ``lr_total``). Zero for no elements.
-
-    Raises:
-        ValueError: if the shapes differ or ``lr_total`` is not positive.
-    """
-    a, x = np.asarray(actual, np.float64), np.asarray(exact, np.float64)
-    if a.shape != x.shape:
-        raise ValueError(f"shape {a.shape} differs from expected {x.shape}")
-    if not lr_total > 0:
-        raise ValueError(f"lr_total must be positive, got {lr_total!r}")
-    if a.size == 0:
-        return ErrorStats(0.0, 0.0, 0.0, float(lr_total), "update")
-    d = np.abs(a - x)
-    d = np.where(np.isnan(d), np.inf, d)
-    return ErrorStats(float(d.max()), float(d.max() / lr_total), float(np.sqrt(np.mean(d * d)) / lr_total),
-                      float(lr_total), "update")
 
 
 def gradient_tolerance_abs(faithful: ErrorStats) -> float:

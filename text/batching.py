@@ -11,8 +11,8 @@ that pads to shape buckets adds no padding of its own and compiles once per dist
 keeps its real rows (the API refuses all-pad rows); the rows a bucketing backend adds to reach a power of two are
 counted in its ``positions``.
 
-Layout per pair, as ``spec.demo``: src = ids + EOS, tgt_in = BOS + ids, tgt_out = ids + EOS, right-padded with
-pad_id, int64.
+Layout per pair (``text.pairs``), as ``spec.demo``: src = ids + EOS, tgt_in = BOS + ids, tgt_out = ids + EOS,
+right-padded with pad_id, int64.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 
 from spec import shapes, validate
 from spec.config import Config
+from text.pairs import examples, flatten_rows, padded_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,62 +46,9 @@ class Batch:
     positions: int
 
 
-def examples(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
-             config: Config) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per pair, src = ids + [EOS] and tgt = ids (tgt_in and tgt_out are built per batch), each (n,) int64.
-
-    Raises:
-        ValueError: if the lists differ in length; or naming the first bad pair: an empty side, a side that with
-            its EOS (BOS) exceeds ``config.max_len``, or an id outside [0, vocab_size) or equal to pad, BOS or EOS.
-    """
-    if len(src_ids) != len(tgt_ids):
-        raise ValueError(f"examples: {len(src_ids)} source sentences for {len(tgt_ids)} target sentences")
-    c = config
-    for i, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
-        for side, ids in (("source", s), ("target", t)):
-            if len(ids) == 0:
-                raise ValueError(f"examples: pair {i} has an empty {side}")
-            if len(ids) + 1 > c.max_len:
-                raise ValueError(f"examples: pair {i}'s {side} has {len(ids)} tokens; with its "
-                                 f"{'EOS' if side == 'source' else 'BOS / EOS'} it must fit max_len {c.max_len}")
-    src, tgt = _ids("source", src_ids, c), _ids("target", tgt_ids, c)
-    return [np.append(a, np.int64(c.eos_id)) for a in src], tgt
-
-
-def _ids(side: str, rows: Sequence[Sequence[int]], c: Config) -> list[np.ndarray]:
-    """The rows as (n,) int64 arrays.
-
-    Raises:
-        ValueError: naming the first pair whose ``side`` is not a 1-D sequence of ints in [0, vocab_size) other
-            than pad, BOS and EOS.
-    """
-    out = []
-    for i, row in enumerate(rows):
-        a = np.asarray(row)
-        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"examples: pair {i}'s {side} is not a sequence of int ids (shape {a.shape}, "
-                             f"dtype {a.dtype})")
-        out.append(a.astype(np.int64))
-    flat, offsets, _ = _flat(out)
-    bad = (flat < 0) | (flat >= c.vocab_size) | np.isin(flat, (c.pad_id, c.bos_id, c.eos_id))
-    if bad.any():
-        pos = int(np.argmax(bad))
-        i = int(np.searchsorted(offsets, pos, side="right")) - 1
-        raise ValueError(f"examples: pair {i}'s {side} holds id {int(flat[pos])}: subword ids must lie in "
-                         f"[0, {c.vocab_size}) and not be pad, BOS or EOS ({c.pad_id}, {c.bos_id}, {c.eos_id})")
-    return out
-
-
 def default_buckets(max_len: int) -> list[int]:
     """The impls' length buckets (``spec.shapes.length_bucket``): 8, 16, 32, ... capped at ``max_len``."""
     return sorted({shapes.length_bucket(n, max_len) for n in range(1, max_len + 1)})
-
-
-def _flat(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Variable-length rows as (concatenated ids, offsets, lengths), all int64: one array, not one per pair."""
-    lengths = np.array([r.size for r in rows], np.int64)
-    flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-    return flat, np.cumsum(lengths) - lengths, lengths
 
 
 class TokenBatches:
@@ -127,7 +75,7 @@ class TokenBatches:
             raise ValueError("TokenBatches: no sentence pairs")
         self.config, self.tokens_per_batch, self.seed, self.pow2_batch = config, tokens_per_batch, seed, pow2_batch
         self.buckets = _check_buckets(length_buckets, config.max_len)
-        self._src, self._tgt = _flat(src), _flat(tgt)
+        self._src, self._tgt = flatten_rows(src), flatten_rows(tgt)
         src_len, tgt_len = self._src[2], self._tgt[2] + 1            # positions: ids + EOS; BOS/EOS + ids
         self._tokens = src_len + tgt_len                             # (N,) real tokens per pair
         self._groups = self._group(src_len, tgt_len)
@@ -177,12 +125,12 @@ class TokenBatches:
         """The padded arrays of the pairs ``index`` (one group's), at the group's length buckets."""
         c, index = self.config, np.asarray(index, np.int64)
         S, T = self._key(index)
-        body = _scatter(*self._tgt, index, T, c.pad_id)                          # (B, T): ids, then pad
+        body = padded_rows(*self._tgt, index, T, c.pad_id)                       # (B, T): ids, then pad
         n = self._tgt[2][index][:, None]                                         # (B, 1) target lengths
         col = np.arange(T)
         tgt_out = np.where(col == n, c.eos_id, body)                             # ids + EOS
         tgt_in = np.where(col == 0, c.bos_id, np.where(col <= n, np.roll(body, 1, axis=1), c.pad_id))  # BOS + ids
-        return Batch(_scatter(*self._src, index, S, c.pad_id), tgt_in, tgt_out, index,
+        return Batch(padded_rows(*self._src, index, S, c.pad_id), tgt_in, tgt_out, index,
                      int(self._tokens[index].sum()), self._computed_rows(index.size) * (S + T))
 
     def padding_fraction(self, epoch: int = 0) -> float:
@@ -229,17 +177,6 @@ class TokenBatches:
         keys, starts = np.unique(np.stack([S[order], T[order]], 1), axis=0, return_index=True)
         parts = np.split(order, starts[1:])
         return {(int(s), int(t)): part for (s, t), part in zip(keys, parts, strict=True)}
-
-
-def _scatter(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, index: np.ndarray, width: int,
-             pad_id: int) -> np.ndarray:
-    """The rows ``index`` of a flattened ragged array, right-padded with ``pad_id``: (len(index), width) int64."""
-    n = lengths[index]                                                       # (B,)
-    row = np.repeat(np.arange(index.size), n)                                # (sum n,) row of each token
-    col = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)                # (sum n,) column of each token
-    out = np.full((index.size, width), pad_id, np.int64)
-    out[row, col] = flat[np.repeat(offsets[index], n) + col]
-    return out
 
 
 def _check_buckets(buckets: Sequence[int] | None, max_len: int) -> tuple[int, ...]:

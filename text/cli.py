@@ -24,7 +24,7 @@ import spec
 import spec.api
 import spec.convert.marian
 from spec.data_parallel_cli import HelpFormatter
-from text import corpus, data, evaluate, train
+from text import catalogs, corpus, data, evaluate, train
 from text.marian import MarianTokenizer
 from text.tokenizer import Tokenizer
 from text.translate import translate
@@ -72,7 +72,7 @@ def _import_quietly(module: str) -> ModuleType:
 
 def _read(a: argparse.Namespace) -> corpus.Read:
     if a.catalogs:
-        return corpus.read_catalogs(a.catalogs, a.locale_dir)
+        return catalogs.read_catalogs(a.catalogs, a.locale_dir)
     if a.tsv:
         return corpus.read_tsv(a.tsv)
     if a.source and a.target:
@@ -159,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
     d = HelpFormatter
     pre = sub.add_parser("prepare", help="read, clean and split a corpus; train the tokenizer", formatter_class=d)
     pre.add_argument("--catalogs", metavar="LANG", help="English -> LANG from the system's gettext catalogs")
-    pre.add_argument("--locale-dir", default=str(corpus.LOCALE_DIR), help="where the catalogs are")
+    pre.add_argument("--locale-dir", default=str(catalogs.LOCALE_DIR), help="where the catalogs are")
     pre.add_argument("--tsv", help="one pair per line: source<TAB>target")
     pre.add_argument("--source", help="one source sentence per line (with --target)")
     pre.add_argument("--target", help="one target sentence per line, aligned with --source")

@@ -1,11 +1,11 @@
-"""ONNX export of an ``impl_torch.Transformer``, and greedy translation over the exported graphs in ONNX Runtime::
+"""ONNX export of an ``impl_torch.Transformer`` (greedy translation over the graphs: ``tools.onnx_translate``)::
 
     python -m tools.onnx_torch model.safetensors out/      # out/encoder.onnx, out/decoder.onnx
 
-    from tools import onnx_torch as X
+    from tools import onnx_torch as X, onnx_translate as R
     X.export(model, "out")                                 # an impl_torch.Transformer computing in float32
-    sessions = X.sessions("out")                           # ONNX Runtime, CPU: no torch needed from here on
-    tokens = X.greedy(sessions, src)                       # (B, L) int64, as spec.search.greedy_search
+    sessions = R.sessions("out")                           # ONNX Runtime, CPU: no torch needed from here on
+    tokens = R.greedy(sessions, src)                       # (B, L) int64, as spec.search.greedy_search
 
 Two graphs, float32, opset 17, dynamic batch (B), source length (S), new tokens (n) and cache length (t), the
 KV cache laid out as ``impl_torch.KVCache`` holds it (heads-major, l = decoder layer):
@@ -21,8 +21,9 @@ KV cache laid out as ``impl_torch.KVCache`` holds it (heads-major, l = decoder l
 
 Both graphs carry the model's config as JSON in their metadata (``config``), so ``greedy`` knows the special
 ids and ``max_len``. The exporter is TorchScript's (``torch.onnx.export(dynamo=False)``): the dynamo exporter
-needs onnxscript besides. It traces the model's own unchecked internals (``impl_torch.model._encode``,
-``_decode``): the public methods validate ids on a NumPy host copy, which a trace cannot follow.
+needs onnxscript besides. It traces the model's public ``encode`` and ``decode``, whose id checks run on a NumPy
+host copy the trace cannot follow: they check the trace's example inputs, and ``greedy`` checks each input on the
+host before a graph runs.
 
 Not exported: bfloat16 compute. The graph exports, but ONNX Runtime's CPU provider (1.32) refuses it when the
 session is created: ``NOT_IMPLEMENTED : Could not find an implementation for Add(14) node with name
@@ -35,21 +36,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from spec import search, validate, weights_io
+from spec import weights_io
 from spec.config import Config
 from spec.data_parallel_cli import HelpFormatter
 
 ENCODER, DECODER = "encoder.onnx", "decoder.onnx"
 OPSET = 17  # the first with LayerNormalization, which the layer norm exports to (``_export``)
-Sessions = tuple[Any, Any]  # (encoder, decoder) onnxruntime.InferenceSession
 
 
 def names(config: Config) -> dict[str, list[str]]:
@@ -118,7 +115,7 @@ def _encoder(model: Any, src: Any) -> tuple[Any, ...]:
     ``Transformer.encode`` and ``init_cache`` compute them."""
     from impl_torch import model as M
 
-    memory = M._encode(model, src)
+    memory = model.encode(src)
     kv = [t for layer in model.decoder.layers for t in layer.cross_attn.project_kv(memory)]
     return (memory, M.key_padding_mask(src, model.config.pad_id), *kv)
 
@@ -138,7 +135,7 @@ def _decoder(model: Any, tokens: Any, memory_mask: Any, key_mask: Any, *kv: Any)
     cache = M.KVCache(self_kv=pairs([grow(t) for t in kv[:2 * L]]),
                       key_mask=torch.cat([key_mask, torch.zeros_like(tokens, dtype=torch.bool)], 1),
                       memory_kv=pairs(kv[2 * L:]), memory_mask=memory_mask, length=key_mask.shape[1])
-    logits = M._decode(model, tokens, cache)
+    logits, cache = model.decode(tokens, cache)
     length = torch.ones_like(cache.key_mask[0], dtype=torch.int64).sum()  # t + n as a tensor the trace follows
     return (logits, length, cache.key_mask, *(t for pair in cache.self_kv for t in pair))
 
@@ -170,6 +167,10 @@ def _export(model: Any, fn: Any, args: tuple, path: Path, inputs: list[str], out
             warnings.filterwarnings("ignore", "Converting a tensor to a Python float")
             warnings.filterwarnings("ignore", "You are using the legacy TorchScript-based ONNX export")
             warnings.filterwarnings("ignore", "The feature will be removed")  # the exporter's own logging setup
+            # The id checks of encode and decode, on a host copy (module docstring): constants to the trace.
+            for host in ("Converting a tensor to a NumPy array", "Converting a tensor to a Python boolean",
+                         "torch.as_tensor results are registered as constants"):
+                warnings.filterwarnings("ignore", host, torch.jit.TracerWarning)
             torch.onnx.export(Graph(), args, str(path), dynamo=False, opset_version=OPSET, input_names=inputs,
                               output_names=outputs, dynamic_axes=_dynamic_axes(inputs + outputs))
     finally:
@@ -194,67 +195,6 @@ def _dynamic_axes(all_names: list[str]) -> dict[str, dict[int, str]]:
             out[name] = {0: "B", 2: "t_next" if name.startswith("next_") else "t"}
         else:
             out[name] = {0: "B", 1: axes[name]}
-    return out
-
-
-def sessions(folder: str | os.PathLike, threads: int | None = None) -> Sessions:
-    """(encoder, decoder) ONNX Runtime sessions on the CPU provider over the graphs in ``folder``; ``threads``:
-    intra-op threads (default: ONNX Runtime's own)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
-    return tuple(ort.InferenceSession(str(Path(folder) / f), options, providers=["CPUExecutionProvider"])
-                 for f in (ENCODER, DECODER))
-
-
-def config_of(session: Any) -> Config:
-    """The config an exported graph was traced from (its ``config`` metadata)."""
-    return Config.from_dict(json.loads(session.get_modelmeta().custom_metadata_map["config"]))
-
-
-def start(sessions: Sessions, src: np.ndarray) -> dict[str, np.ndarray]:
-    """The decoder's inputs but ``tokens`` for src (B, S) int64: the encoder's outputs, an empty cache (t = 0)."""
-    c = config_of(sessions[0])
-    out = dict(zip(names(c)["encoder_out"], sessions[0].run(None, {"src": src.astype(np.int64)}), strict=True))
-    feeds = {k: v for k, v in out.items() if k != "memory"}
-    feeds["key_mask"] = np.zeros((len(src), 0), bool)
-    for i in range(c.n_decoder_layers):
-        feeds[f"self_k.{i}"] = np.zeros((len(src), c.n_heads, 0, c.d_k), np.float32)
-        feeds[f"self_v.{i}"] = np.zeros((len(src), c.n_heads, 0, c.d_v), np.float32)
-    return feeds
-
-
-def step(decoder: Any, tokens: np.ndarray, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, dict]:
-    """tokens (B, n) int64 at the cache's length -> (logits (B, n, V) float32, the next step's feeds)."""
-    c = config_of(decoder)
-    out = dict(zip(names(c)["decoder_out"], decoder.run(None, {**feeds, "tokens": tokens.astype(np.int64)}),
-                   strict=True))
-    return out["logits"], {**feeds, **{k.removeprefix("next_"): v for k, v in out.items() if k.startswith("next_")}}
-
-
-def greedy(sessions: Sessions, src: Any, max_new_tokens: int | None = None) -> np.ndarray:
-    """Greedy decoding over the exported graphs, step for step ``spec.search.greedy_search``: src (B, S) int ->
-    tokens (B, L) int64, EOS included, right-padded with ``pad_id``; max_new_tokens as ``spec.api.greedy_search``.
-
-    Raises:
-        ValueError: from ``spec.validate.check_source`` and ``generation_limits``, before any graph runs.
-    """
-    c = config_of(sessions[0])
-    src = validate.host_ids("src", src)
-    validate.check_source(src, c)
-    limits = validate.generation_limits(src, c, max_new_tokens)
-    B, n = len(src), int(limits.max())
-    feeds, out = start(sessions, src), np.full((B, n), c.pad_id, np.int64)
-    done, tokens = np.zeros(B, bool), np.full(B, c.bos_id, np.int64)
-    for t in range(n):
-        logits, feeds = step(sessions[1], tokens[:, None], feeds)
-        tokens = np.where(done, c.pad_id, np.argmax(search.forbid_special(logits[:, 0], c), axis=-1))
-        out[:, t] = tokens
-        done |= (tokens == c.eos_id) | (t + 1 >= limits)
-        if done.all():
-            return out[:, :t + 1]
     return out
 
 

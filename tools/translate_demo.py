@@ -23,7 +23,7 @@ from pathlib import Path
 
 from spec.api import BACKENDS
 from spec.data_parallel_cli import HelpFormatter
-from text import agreement, cli, corpus, data
+from text import agreement, catalogs, cli, data
 from text.tokenizer import Tokenizer
 
 SYSTEMS = {**{b: b for b in BACKENDS}, "peer": "tools.peer_torch"}   # each system's --backend for text
@@ -44,7 +44,7 @@ def _wait(procs: list[tuple[str, subprocess.Popen, Path]]) -> None:
 def prepare(out: Path, lang: str) -> data.Prepared:
     """The prepared corpus in ``out/data``, made from the catalogs on first use."""
     if not (out / "data" / "corpus.json").is_file():
-        data.prepare(corpus.read_catalogs(lang), out / "data")
+        data.prepare(catalogs.read_catalogs(lang), out / "data")
     return data.Prepared.load(out / "data")
 
 

@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from bench import report, run
+from bench import decoding_run, report, run
 from bench.common import bench_params, inputs
 from spec.config import TINY
 
@@ -60,7 +60,7 @@ def test_generation_runs_the_steps_asked_for(bench_run):
     for r in (r for r in data["records"] if r["workload"] == "greedy_steps"):
         assert len(r["cached_step_s"]) == 9 and len(r["recomputed_step_s"]) == 3
         assert r["metrics"]["cache_speedup"] > 0
-        assert 3 <= len(r["cache_speedup_rounds"]) == len(r["step_growth_rounds"]) <= run.MAX_STEP_ROUNDS
+        assert 3 <= len(r["cache_speedup_rounds"]) == len(r["step_growth_rounds"]) <= decoding_run.MAX_STEP_ROUNDS
 
 
 def test_report_writes_tables_and_charts(bench_run):

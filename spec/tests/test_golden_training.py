@@ -7,7 +7,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spec import backward, golden_cases, golden_recipes, golden_training, tolerance, training
+from spec import (
+    backward,
+    golden_cases,
+    golden_recipes,
+    golden_training,
+    golden_training_judge,
+    tolerance,
+    training,
+    trajectory,
+)
 from spec import reference as ref
 from spec.config import TINY
 from spec.init import init_params
@@ -78,8 +87,8 @@ def test_sampled_and_policy_reject_bad_input():
 
 @pytest.fixture(scope="module", params=sorted(golden_training.CASES))
 def case(request):
-    meta, c, params, inputs, expected = golden_training.load_case(golden_cases.GOLDEN_DIR, request.param)
-    batches = golden_training.batches_of(inputs)
+    meta, c, params, inputs, expected = golden_training_judge.load_case(golden_cases.GOLDEN_DIR, request.param)
+    batches = trajectory.batches_of(inputs)
     exact, _, undecided = golden_training.runs(params, batches, c)
     return {"meta": meta, "c": c, "params": params, "batches": batches, "expected": expected,
             "case": golden_training.CASES[request.param], "exact": exact, "undecided": undecided}
@@ -87,7 +96,7 @@ def case(request):
 
 def _run(k: dict, tc: training.TrainConfig = golden_training.TRAIN_CONFIG) -> dict:
     """A backend with the ideal numerics of the case's dtype: the faithful trajectory, as ``judge`` takes it."""
-    r = golden_training.trajectory(k["params"], k["batches"], k["c"], tc, Numerics(k["c"].dtype))
+    r = trajectory.trajectory(k["params"], k["batches"], k["c"], tc, Numerics(k["c"].dtype))
     return {"loss": r["loss"], "grad": r["grads"][0], "params_1": r["params"][0],
             f"params_{golden_training.STEPS}": r["params"][-1]}
 
@@ -120,7 +129,7 @@ def test_recorded_numbers_match_a_recomputation(case):
 
 
 def test_policy_passes_the_faithful_run(case):
-    verdicts = golden_training.judge(case["meta"], case["exact"], case["undecided"], _run(case))
+    verdicts = golden_training_judge.judge(case["meta"], case["exact"], case["undecided"], _run(case))
     assert all(v.ok for v in verdicts.values()), [k for k, v in verdicts.items() if not v.ok]
 
 
@@ -132,7 +141,7 @@ def test_live_run_is_what_the_case_stores(case):
 
 def _failures(case: dict, result: dict) -> set[str]:
     """The groups (loss, grad, params_1, params_3) with a failed tensor."""
-    verdicts = golden_training.judge(case["meta"], case["exact"], case["undecided"], result)
+    verdicts = golden_training_judge.judge(case["meta"], case["exact"], case["undecided"], result)
     return {k.split(".")[0] for k, v in verdicts.items() if not v.ok}
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from spec import shapes
 from spec.config import TINY
-from text.batching import Batch, TokenBatches, examples
+from text.batching import Batch, TokenBatches
+from text.pairs import examples
 
 C = TINY                                     # vocab 61, max_len 64, pad 0, bos 1, eos 2
 N, TOKENS = 700, 512

@@ -7,7 +7,7 @@ import random
 import polib
 import pytest
 
-from text import corpus
+from text import catalogs, corpus
 from text.corpus import Pair
 
 
@@ -58,13 +58,13 @@ def test_catalogs_count_strings_outside_their_declared_charset(tmp_path):
     mislabelled = folder / "mislabelled.mo"       # declares Latin-1, holds one UTF-8 string (as net-tools once did)
     _catalog(mislabelled, "UTF-8;X", [("Size", "Größe"), ("Name", "Name2")])     # the label swapped, same length:
     mislabelled.write_bytes(mislabelled.read_bytes().replace(b"charset=UTF-8;X", b"charset=latin-1"))
-    read = corpus.read_catalogs("de", tmp_path)
+    read = catalogs.read_catalogs("de", tmp_path)
     assert {(p.source, p.target, p.origin) for p in read.pairs} == {
         ("Open file", "Datei öffnen", "good.mo"), ("Quit", "Beenden", "good.mo"), ("Size", "Größe", "latin.mo"),
         ("Name", "Name2", "mislabelled.mo")}
     assert read.skipped == {"mislabelled.mo: not in its declared charset latin-1": 1}
     with pytest.raises(ValueError, match="no gettext catalog"):
-        corpus.read_catalogs("xx", tmp_path)
+        catalogs.read_catalogs("xx", tmp_path)
 
 
 def test_cleaning_counts_each_rule_and_keeps_the_rest():

@@ -1,7 +1,8 @@
-"""The ONNX export of impl_torch (``tools.onnx_torch``) in ONNX Runtime against the NumPy reference: teacher-forced
-and step-by-step logits judged by the fp32 tolerance policy the conformance suite judges a forward with
-(``spec.tolerance.judge`` against the exact forward, given the fp32-faithful reference's own error), and greedy
-tokens identical to ``spec.search.greedy_search``'s, at a batch size and source length other than the trace's."""
+"""The ONNX export of impl_torch (``tools.onnx_torch``) in ONNX Runtime (``tools.onnx_translate``) against the NumPy
+reference: teacher-forced and step-by-step logits judged by the fp32 tolerance policy the conformance suite judges
+a forward with (``spec.tolerance.judge`` against the exact forward, given the fp32-faithful reference's own
+error), and greedy tokens identical to ``spec.search.greedy_search``'s, at a batch size and source length other
+than the trace's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from spec.golden_cases import make_params, random_tokens, valid_rows
 from spec.init import init_params
 from spec.numerics import Numerics
 from tools import onnx_torch as X
+from tools import onnx_translate as R
 
 pytest.importorskip("onnxruntime")
 C = TINY.replace(dtype="float32", param_dtype="float32")
@@ -30,7 +32,7 @@ def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("onnx")
     weights_io.save_weights(tmp / "tiny.safetensors", C, params)
     X.main([str(tmp / "tiny.safetensors"), str(tmp / "out")])
-    return params, X.sessions(tmp / "out", threads=1)
+    return params, R.sessions(tmp / "out", threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def ending(tmp_path_factory):
     params = make_params(C, 2, eos_boost=4.0)
     folder = tmp_path_factory.mktemp("onnx_eos")
     X.export(impl_torch.Transformer(C, params=params), folder)
-    return params, X.sessions(folder, threads=1)
+    return params, R.sessions(folder, threads=1)
 
 
 def _batch() -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +64,7 @@ def _judge(got: np.ndarray, src: np.ndarray, tgt_in: np.ndarray, params: dict) -
 def test_teacher_forced_logits_within_the_fp32_tolerance(exported):
     params, sessions = exported
     src, tgt_in = _batch()
-    logits, feeds = X.step(sessions[1], tgt_in, X.start(sessions, src))
+    logits, feeds = R.step(sessions[1], tgt_in, R.start(sessions, src))
     assert logits.shape == (3, 6, C.vocab_size) and logits.dtype == np.float32
     assert feeds["self_k.0"].shape == (3, C.n_heads, 6, C.d_k) and feeds["key_mask"].shape == (3, 6)
     verdict = _judge(logits, src, tgt_in, params)
@@ -72,9 +74,9 @@ def test_teacher_forced_logits_within_the_fp32_tolerance(exported):
 def test_step_by_step_logits_within_the_fp32_tolerance(exported):
     params, sessions = exported
     src, tgt_in = _batch()
-    feeds, steps = X.start(sessions, src), []
+    feeds, steps = R.start(sessions, src), []
     for t in range(tgt_in.shape[1]):
-        logits, feeds = X.step(sessions[1], tgt_in[:, t:t + 1], feeds)
+        logits, feeds = R.step(sessions[1], tgt_in[:, t:t + 1], feeds)
         steps.append(logits)
     verdict = _judge(np.concatenate(steps, axis=1), src, tgt_in, params)
     assert verdict.ok, verdict.reason()
@@ -96,7 +98,7 @@ def test_greedy_tokens_equal_the_reference(weights, request):
     stats = tolerance.error_stats(*(valid_rows(x, dec_in, C.pad_id) for x in
                                     (ref.forward(P, src, dec_in, C, Numerics("float32")), exact)), "float32")
     assert trace["margin"] > tolerance.DECISION_MARGIN_FACTOR * tolerance.logits_tolerance_abs(stats)
-    np.testing.assert_array_equal(X.greedy(sessions, src, max_new_tokens=16), want)
+    np.testing.assert_array_equal(R.greedy(sessions, src, max_new_tokens=16), want)
 
 
 def test_bad_input_is_refused_before_anything_runs(exported, tmp_path):
@@ -111,5 +113,5 @@ def test_bad_input_is_refused_before_anything_runs(exported, tmp_path):
     with pytest.raises(ValueError, match="an impl_torch.Transformer is exported, got LanguageModel"):
         X.export(impl_torch.LanguageModel(LM_TINY.replace(dtype="float32", param_dtype="float32")), tmp_path / "lm")
     with pytest.raises(ValueError, match="src"):
-        X.greedy(sessions, [[5, C.vocab_size, 2]])
+        R.greedy(sessions, [[5, C.vocab_size, 2]])
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import spec
-from text import agreement, corpus, data, evaluate, train
+from text import agreement, catalogs, data, evaluate, train
 from text.tokenizer import Tokenizer
 from text.translate import search_ids, translate
 
@@ -27,7 +27,7 @@ AGREEMENT_SENTENCES = 100
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """The catalogs' En->De pairs, cleaned and split, with a 1000-piece tokenizer."""
-    return data.prepare(corpus.read_catalogs("de"), tmp_path_factory.mktemp("data"), CONFIG.vocab_size)
+    return data.prepare(catalogs.read_catalogs("de"), tmp_path_factory.mktemp("data"), CONFIG.vocab_size)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ Shares no code with any framework and none with ``spec.reference``'s forward: ea
 
 Numerics (``nx``, a ``spec.numerics.Numerics``). ``Numerics("exact")`` (the default) computes in float64 and never
 rounds: the float64 gradient every golden case stores. ``Numerics("float32")`` and ``Numerics("bfloat16")`` model
-the *ideal* ("faithful") backward of a backend following ``spec.numerics``, the yardstick the gradient tolerance
-policy (``spec.tolerance.judge_training``) measures backends against, as the faithful forward is for the forward:
+the *ideal* ("faithful") backward of a backend following ``spec.numerics``, the yardstick the training tolerance
+policy (``spec.tolerance.judge_gradient``, ``judge_update``) measures backends against, as the faithful forward is
+for the forward:
 
 * The forward recomputes the activations rounded exactly where ``spec.reference`` rounds them (same points, same
   ``nx.act``/``nx.acc`` calls), so it is the faithful forward.

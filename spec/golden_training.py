@@ -24,7 +24,7 @@ flattened tensor at evenly spread indices (every row and column of a weight is h
 divisor of its width); ``meta["train"]["sampling"]`` gives (fraction, min_elements) per group. The tiny fp32 case
 stores every gradient whole (the tiny mixed case a quarter: its bf16-sized errors need no more to be measured),
 the small cases 1/64 of every gradient; the weights after steps 1/16 (tiny) and 1/64 (small), at least 16 elements
-of each tensor. The four cases take 1.27 MB. The stored parts pin the spec's numbers (``golden --check``); a
+of each tensor. The stored parts pin the spec's numbers (``golden --check``); a
 backend is judged on whole tensors, against the exact run recomputed live (``runs``: seconds), whose stored parts
 the conformance suite first checks against the case, bit for bit.
 
@@ -155,8 +155,7 @@ def runs(params: dict[str, np.ndarray], batches: list[tuple[np.ndarray, np.ndarr
     if c.dtype != "float32":
         # In mixed precision most first steps are undecided, so a conformant backend's weights after step 1 differ
         # from the exact ones by up to 2 lr in many places, and every later gradient with them: after step 1 no
-        # element's path is decided (measured: a decided LayerNorm bias of small mixed ends step 3 at 0.0027 of
-        # a step in impl_torch, 0.0154 in impl_jax, against the ideal's 0.0011). They are held to the flip bound.
+        # element's path is decided (docs/decisions.md, "Training tolerances"). They are held to the flip bound.
         undecided[STEPS] = {name: np.ones(np.shape(p), bool) for name, p in params.items()}
     return as_result(ex), as_result(fa), undecided
 

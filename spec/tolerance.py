@@ -28,8 +28,8 @@ rounding), where a flip costs one ulp.
 
 The RMS bound's allowance beyond the ratio is one flip: one element off by
 one more ulp raises the RMS error of n elements by 1/sqrt(n) ulps, which is
-sampling noise, not a broken rounding, when n is small (a random config's 8
-logits: jax measured 0.734 ulps RMS against 1.5 x 0.32). The allowance is
+sampling noise, not a broken rounding, when n is small (a random config's
+handful of logits). The allowance is
 not a floor such as max(1.5 x faithful RMS, 1 ulp): on tensors of hundreds of
 elements a floor allows several times the ideal's RMS error, room for a
 forbidden rounding (the measurements: docs/decisions.md, "Tolerances"). With
@@ -37,7 +37,7 @@ n >= 448 in every golden tensor, one flip adds at most 0.047 ulps.
 
 An extra rounding the contract forbids is not always visible at ordinary
 magnitudes: attention scores rounded to bf16 stayed within these bounds on
-every forward case (measured: up to 0.9 of the RMS allowance). The golden set
+every forward case (docs/decisions.md, "Tolerances"). The golden set
 therefore holds cases built to expose such roundings (attention scores with a
 common offset; layers alone whose output is fp32, judged in fp32 ulps), and
 the mutation test proves they fail. These are upper bounds: a backend that

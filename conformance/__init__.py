@@ -1,1 +1,1 @@
-"""The conformance suite: one set of checks, run against every backend (see conftest.py)."""
+"""The conformance suite: one set of checks, run against every backend (see plugin.py and conftest.py)."""

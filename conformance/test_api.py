@@ -1,6 +1,6 @@
 """The common public API of ``spec.api``, asked of each impl module directly (not through its adapter).
 
-The reference backend is the spec itself, not a library with this API: conftest does not collect this file
+The reference backend is the spec itself, not a library with this API: the plugin does not collect this file
 for it.
 """
 

@@ -38,7 +38,8 @@ CAPABILITIES = frozenset({
     "dropout",                           # Model.forward(dropout_seed=...)
     "train",                             # Model.train
     "save",                              # Model.save
-    "errors",                            # the spec's ValueError on bad ids and arguments
+    "errors",                            # the spec's ValueError on bad ids, arguments and weights files
+    "api",                               # an impl of spec.api's common API, as the backend's ``module``
 })
 
 
@@ -100,7 +101,7 @@ class Model(Protocol):
 
 class Backend(Protocol):
     name: str
-    supports: frozenset[str]  # a subset of CAPABILITIES; the built-in backends support all of them
+    supports: frozenset[str]  # a subset of CAPABILITIES; a backend without it (the built-in ones) supports them all
 
     def load(self, path: Path) -> Model:
         """Build a model from a canonical safetensors file with the backend's own ``load_weights``."""

@@ -160,7 +160,7 @@ class MultiHeadAttention(Module):
         the encoder output's) under mask (B|1, 1, L|1, M) -> (B, L, D)."""
         q = numerics.linear(x, self.w_q, self.b_q)                    # (B, L, H, K)
         o = scaled_dot_product_attention(q, *kv, mask)                # (B, L, H, C)
-        return numerics.linear(o.reshape(*o.shape[:2], -1), self.w_o.reshape(-1, self.w_o.shape[-1]), self.b_o)
+        return numerics.linear(o, self.w_o, self.b_o, n_in=2)        # (B, L, D)
 
 
 def activation(h: jax.Array, name: str) -> jax.Array:

@@ -57,7 +57,7 @@ class LanguageModel(Module):
         """An empty ``KVCache`` of exactly ``capacity`` positions (not bucketed) for ``batch`` sequences, ``memory_kv``
         ``()`` and ``memory_mask`` None."""
         validate.check_cache_size(batch, capacity, self.config)
-        return _empty_cache(self.config, int(batch), int(capacity))
+        return _empty_cache(self, int(batch), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache)
@@ -74,5 +74,5 @@ def _forward(model: LanguageModel, tokens: jax.Array, intermediates: bool, rng: 
              ", with intermediates" if intermediates else "")
     model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
     with recording() as rec:  # at trace time, into this trace's own dict (as ``impl_jax.model._forward``)
-        logits, _ = _decode(model, tokens, _empty_cache(c, *tokens.shape), rng)
+        logits, _ = _decode(model, tokens, _empty_cache(model, *tokens.shape), rng)
     return logits, rec if intermediates else {}

@@ -62,9 +62,9 @@ def key_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
 
 
 def causal_mask(start: jax.Array | int, n: int, capacity: int) -> jax.Array:
-    """(1, 1, n, P) bool: the query at position start+i may attend key j <= start+i (section 3.2.3)."""
+    """(n, capacity) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
     q_pos = start + jnp.arange(n)[:, None]                 # (n, 1)
-    return (jnp.arange(capacity)[None, :] <= q_pos)[None, None]
+    return jnp.arange(capacity)[None, :] <= q_pos
 
 
 class Stack(Module):
@@ -109,7 +109,7 @@ class Decoder(Stack):
         """y (B, n, D): the target embeddings of positions ``cache.length ..`` (after their dropout), which
         ``cache.key_mask`` already covers; the sublayers' dropout from ``rng`` -> (h (B, n, D), the updated cache)."""
         start, n, capacity = cache.length, y.shape[1], cache.key_mask.shape[1]
-        self_mask = causal_mask(start, n, capacity) & cache.key_mask[:, None, None, :]   # (B, 1, n, P)
+        self_mask = causal_mask(start, n, capacity)[None, None] & cache.key_mask[:, None, None, :]  # (B, 1, n, P)
         memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         self_kv = []
         for i, (layer, key) in enumerate(zip(self.layers, split(rng, len(self.layers)), strict=True)):
@@ -209,10 +209,11 @@ def _encode(model: Transformer, src: jax.Array, rng: jax.Array | None = None) ->
     return model.encoder(x, mask, rng)
 
 
-def _empty_cache(c: Config, batch: int, capacity: int) -> KVCache:
+def _empty_cache(model: Module, batch: int, capacity: int) -> KVCache:
     """An empty ``KVCache`` of static ``batch`` and ``capacity`` without cross-attention K/V (a decoder-only
     model's). On the CPU a bf16 cache holds its keys and values in fp32 (the same values): XLA's CPU backend has no
     bf16 x bf16 -> fp32 batched dot and would convert the cache at every step."""
+    c = model.config
     dt = jnp.float32 if c.dtype == "bfloat16" and jax.default_backend() == "cpu" else jnp.dtype(c.dtype)
     empty = (jnp.zeros((batch, c.n_heads, capacity, c.d_k), dt), jnp.zeros((batch, c.n_heads, capacity, c.d_v), dt))
     return KVCache(tuple(empty for _ in range(c.n_decoder_layers)), jnp.zeros((batch, capacity), bool), (), None,
@@ -222,7 +223,7 @@ def _empty_cache(c: Config, batch: int, capacity: int) -> KVCache:
 def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity: int) -> KVCache:
     """Traced, on the model's weights as they are: ``_empty_cache`` of static ``capacity`` with the cross-attention
     K/V of ``memory`` (B, S, D), in the cache's dtype."""
-    cache = _empty_cache(model.config, memory.shape[0], capacity)
+    cache = _empty_cache(model, memory.shape[0], capacity)
     memory_kv = tuple(tuple(t.astype(cache.self_kv[0][0].dtype) for t in layer.cross_attn.project_kv(memory))
                       for layer in model.decoder.layers)
     return cache._replace(memory_kv=memory_kv, memory_mask=key_padding_mask(src, model.config.pad_id))

@@ -104,7 +104,7 @@ def _generate(model: LanguageModel, prompt: jax.Array, lengths: jax.Array, u: ja
         return pos + 1, *draw(pos + 1, logits[:, 0], out, done), cache
 
     prefill = jnp.where(jnp.arange(L) < first, prompt, c.pad_id)              # the columns every prompt covers
-    logits, cache = _decode(model, prefill, _empty_cache(c, B, capacity), at=first - 1)   # (B, 1, V)
+    logits, cache = _decode(model, prefill, _empty_cache(model, B, capacity), at=first - 1)   # (B, 1, V)
     out, done = draw(first, logits[:, 0],
                      jnp.full((B, capacity), c.pad_id, jnp.int32), lengths == 0)
     _, out, _, _ = lax.while_loop(lambda s: ~s[2].all(), step, (first, out, done, cache._replace(length=first)))

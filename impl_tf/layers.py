@@ -136,7 +136,7 @@ class MultiHeadAttention(tf.Module):
         """Queries from x (B, L, D) attend over ``project_kv``'s kv under mask (B, 1, L|1, M) -> (B, L, D)."""
         q = linear(x, self.w_q, self.b_q)                                 # (B, L, H, K)
         o = scaled_dot_product_attention(q, *kv, mask)                    # (B, L, H, C)
-        return linear(o, self.w_o, self.b_o, axes=2)                      # (B, L, D)
+        return linear(o, self.w_o, self.b_o, n_in=2)                      # (B, L, D)
 
 
 def activation(h: tf.Tensor, name: str) -> tf.Tensor:

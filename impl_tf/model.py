@@ -54,7 +54,7 @@ def key_padding_mask(ids: tf.Tensor, pad_id: int) -> tf.Tensor:
 
 
 def causal_mask(start: tf.Tensor, n: tf.Tensor, capacity: tf.Tensor) -> tf.Tensor:
-    """(n, P) bool: new position start + i may attend to cache positions <= start + i."""
+    """(n, capacity) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
     return tf.range(capacity)[None, :] <= (start + tf.range(n))[:, None]
 
 

@@ -109,11 +109,11 @@ class Embedder(nn.Module):
         pe = self.pe[start:end] if self.positions is None else round_to(self.positions[start:end], self.dtype)
         return (x + pe).to(self.dtype)
 
-    def decode(self, x: Tensor, table: Tensor | None = None) -> Tensor:
+    def decode(self, x: Tensor) -> Tensor:
         """Tied output projection x E^T (section 3.4, rule 7), plus the logits' bias if any (entering in the
-        activation dtype): (B, L, D) -> (B, L, V) float32, never rounded. ``table``: ``rounded_table()``, given by
-        a loop that decodes many steps, which computes it once."""
-        table = self.rounded_table() if table is None else table
+        activation dtype): (B, L, D) -> (B, L, V) float32, never rounded. The table enters as ``rounded_table()``,
+        kept between the steps of a decoding loop."""
+        table = self.rounded_table()
         bias = None if self.bias is None else round_to(self.bias, self.dtype)   # (V,) fp32
         return logits(x, table, bias, native_bf16=self.native_bf16)
 

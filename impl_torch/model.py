@@ -50,10 +50,10 @@ def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     return ids != pad_id
 
 
-def causal_mask(start: int, n: int, device: torch.device) -> Tensor:
-    """(n, start + n) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
+def causal_mask(start: int, n: int, capacity: int, device: torch.device) -> Tensor:
+    """(n, capacity) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
     q_pos = torch.arange(start, start + n, device=device)[:, None]
-    return torch.arange(start + n, device=device)[None, :] <= q_pos
+    return torch.arange(capacity, device=device)[None, :] <= q_pos
 
 
 class Stack(nn.Module):
@@ -92,7 +92,8 @@ class Decoder(Stack):
         values written into ``cache`` and ``cache.length`` advanced. ``cache.key_mask`` must already hold the new
         positions' (``_decode``)."""
         start, n = cache.length, y.shape[1]
-        self_mask = causal_mask(start, n, y.device) & cache.key_mask[:, None, None, :start + n]  # (B, 1, n, t)
+        t = start + n                                                                        # keys so far
+        self_mask = causal_mask(start, n, t, y.device) & cache.key_mask[:, None, None, :t]  # (B, 1, n, t)
         memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
@@ -256,17 +257,16 @@ def _empty_cache(model: TransformerBase, batch: int, capacity: int, dtype: torch
 
 
 def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None, *,
-            at: int | None = None, table: Tensor | None = None) -> Tensor:
+            at: int | None = None) -> Tensor:
     """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32, or (B, 1, V) of new position ``at``
     alone (a prefill that needs its last: the output projection of the others is most of its cost at a large V);
-    ``cache`` written in place. ``table``: ``model.embedder.rounded_table()``, which a search computes once rather
-    than at every step (converting a base model's table costs more than its decode step's products)."""
+    ``cache`` written in place."""
     start, n = cache.length, tokens.shape[1]
     cache.key_mask[:, start:start + n] = key_padding_mask(tokens, model.config.pad_id)
     y = dropout(model.embedder.encode(tokens, start), "tgt_embed", model.config.dropout, rng)
     y, cache = model.decoder(y, cache, rng)
     y = y if at is None else y[:, at:at + 1]
-    return record("logits", model.embedder.decode(record("decoder.out", y), table))
+    return record("logits", model.embedder.decode(record("decoder.out", y)))
 
 
 def _host_ids(ids: Ids, name: str = "src") -> np.ndarray:

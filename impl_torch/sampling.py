@@ -86,8 +86,8 @@ def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tens
     length, rows = torch.as_tensor(lengths, device=dev), torch.arange(B, device=dev)
     out = torch.full((B, N), c.pad_id, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    cache, table = _init_cache(model, B, last + N), model.embedder.rounded_table()      # table: once per call
-    logits = _decode(model, prompt[:, :first], cache, at=first - 1, table=table)         # prefill
+    cache = _init_cache(model, B, last + N)
+    logits = _decode(model, prompt[:, :first], cache, at=first - 1)                      # prefill
     for pos in range(first, last + N):
         step = pos - length                                  # each row's next new token; < 0: still in its prompt
         live, at = (step >= 0) & ~done, step.clamp(0, N - 1)
@@ -97,5 +97,5 @@ def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tens
         if bool(done.all()):
             break
         fed = torch.where(step < 0, prompt[:, min(pos, prompt.shape[1] - 1)], out[rows, at])  # teacher-forced
-        logits = _decode(model, fed.masked_fill(done, c.pad_id)[:, None], cache, table=table)
+        logits = _decode(model, fed.masked_fill(done, c.pad_id)[:, None], cache)
     return out[:, :int((out != c.pad_id).sum(dim=1).max())]

@@ -42,14 +42,13 @@ def _greedy(model: Transformer, src: Tensor, limits: np.ndarray) -> Tensor:
     """The loop of ``greedy_search``: validated src (B, S) int64, limits (B,) -> tokens (B, L) int64."""
     c, dev, L = model.config, model.embedding.device, int(limits.max())
     cache = _init_cache(model, _encode(model, src), src, L)
-    table = model.embedder.rounded_table()                                     # (V, D) fp32, once per search
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                   # never generated
     limit = torch.as_tensor(limits, device=dev)                                # (B,)
     out = torch.full((len(limits), L), c.pad_id, dtype=torch.long, device=dev)
     done = torch.zeros(len(limits), dtype=torch.bool, device=dev)
     tokens = torch.full((len(limits),), c.bos_id, dtype=torch.long, device=dev)
     for t in range(L):
-        logits = _decode(model, tokens[:, None], cache, table=table)[:, 0].index_fill_(-1, special, -torch.inf)
+        logits = _decode(model, tokens[:, None], cache)[:, 0].index_fill_(-1, special, -torch.inf)
         tokens = logits.argmax(dim=-1).masked_fill(done, c.pad_id)              # argmax: first of equal maxima
         out[:, t] = tokens
         done |= (tokens == c.eos_id) | (t + 1 >= limit)
@@ -97,7 +96,6 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: fl
     B, L = len(limits), int(limits.max())
     memory = _encode(model, src).repeat_interleave(k, dim=0)                        # (B*k, S, D): encoded once
     cache = _init_cache(model, memory, src.repeat_interleave(k, dim=0), L)
-    table = model.embedder.rounded_table()                                          # (V, D) fp32, once per search
     f32 = {"dtype": torch.float32, "device": dev}
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                       # never generated
     max_lp = torch.tensor([length_penalty(int(n), alpha) for n in limits], **f32)  # (B,) lp(limit_b)
@@ -110,7 +108,7 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: fl
     rows = torch.arange(B, device=dev)[:, None] * k                                 # (B, 1) first row of each source
     results: list[Tensor | None] = [None] * B
     for t in range(1, L + 1):
-        logits = _decode(model, tokens[:, None], cache, table=table)[:, 0]          # (B*k, V) fp32
+        logits = _decode(model, tokens[:, None], cache)[:, 0]          # (B*k, V) fp32
         logp = torch.log_softmax(logits, dim=-1).index_fill_(-1, special, -torch.inf)  # over all of V, then -inf
         cand = (s.alive_lp[..., None] + logp.view(B, k, V)).view(B, k * V)
         top = _top(cand, 2 * k)                                                     # (B, 2k) flat indices

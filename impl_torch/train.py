@@ -62,12 +62,12 @@ def init_train_state(model: TransformerBase, train_config: TrainConfig | None = 
                       rng=torch.Generator(device=model.embedding.device).manual_seed(int(seed)))
 
 
-def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float = 0.1, *,
-                       rng: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float = 0.1
+                       ) -> tuple[Tensor, dict[str, Tensor]]:
     """The label-smoothed loss of ``spec.training`` (section 5.4) and its gradient: (loss, a 0-d float32 tensor;
-    {canonical name: float32 gradient of the parameter's shape} in ``spec.schema`` order); without dropout unless
-    an ``rng`` (keyword) is given, dropout's generator. For fp32 parameters computing in bf16 these are the
-    gradients of the fp32 master weights; for bf16 parameters, of their fp32 values.
+    {canonical name: float32 gradient of the parameter's shape} in ``spec.schema`` order), without dropout (as
+    ``spec.api``; ``train_step`` draws its dropout from ``state.rng``). For fp32 parameters computing in bf16
+    these are the gradients of the fp32 master weights; for bf16 parameters, of their fp32 values.
 
     The forward runs on fp32 leaves standing in for the parameters (``functional_call``): the same values (a bf16
     parameter's upcast is exact), so the model computes what it always does, while the gradients come out fp32
@@ -77,7 +77,7 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
         ValueError: from ``spec.validate.check_train_batch``, before anything is computed.
     """
     src, tgt_in, tgt_out = _batch(model, src, tgt_in, tgt_out)
-    return _loss_and_gradients(model, (src, tgt_in), tgt_out, label_smoothing, rng)
+    return _loss_and_gradients(model, (src, tgt_in), tgt_out, label_smoothing, None)
 
 
 def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt_out: Ids
@@ -94,7 +94,7 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
     """
     src, tgt_in, tgt_out = _batch(model, src, tgt_in, tgt_out)
     _check_state(model, state)
-    loss, grads = loss_and_gradients(model, src, tgt_in, tgt_out, state.train_config.label_smoothing, rng=state.rng)
+    loss, grads = _loss_and_gradients(model, (src, tgt_in), tgt_out, state.train_config.label_smoothing, state.rng)
     adam_update(dict(model.named_parameters()), grads, state)
     return loss, model, state
 
@@ -159,13 +159,15 @@ def load_train_state(path: str | os.PathLike, model: TransformerBase) -> TrainSt
 
 
 def smoothed_loss(logits: Tensor, tgt_out: Tensor, label_smoothing: float, pad_id: int, *,
-                  reduction: str = "mean") -> Tensor:
+                  count: Tensor | int | None = None) -> Tensor:
     """spec.training's label-smoothed loss (section 5.4) of logits (B, T, V) float32 against tgt_out (B, T) int64
-    on their device, in fp32: (1 - eps) NLL + eps mean_v(-log p_v) over the non-pad targets, their mean
-    (``reduction="mean"``) or sum (``"sum"``, which a data-parallel worker divides by the global batch's token
-    count) -> () float32."""
-    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=pad_id,
-                           label_smoothing=label_smoothing, reduction=reduction)        # () float32
+    on their device, in fp32: (1 - eps) NLL + eps mean_v(-log p_v) summed over the non-pad targets and divided by
+    ``count`` (the global batch's non-pad targets when this batch is one data-parallel worker's share of it) or,
+    if None, by this batch's own: their mean -> () float32."""
+    args = (logits.flatten(0, 1), tgt_out.flatten())
+    if count is None:
+        return F.cross_entropy(*args, ignore_index=pad_id, label_smoothing=label_smoothing)       # () float32
+    return F.cross_entropy(*args, ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum") / count
 
 
 @torch.no_grad()

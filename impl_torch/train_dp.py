@@ -85,7 +85,7 @@ class DataParallel:
                              f"{dist.get_world_size()} processes")
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.chief = self.rank == 0
-        device = _devices()
+        device = _device()
         self.model = impl_torch.Transformer(o.config, seed=o.seed, device=device)
         self.state = impl_torch.init_train_state(self.model, o.train_config, seed=o.seed)
         if self.rank:  # SeedSequence([seed, rank])'s first 32-bit word: a hash, no stream shared by construction
@@ -113,7 +113,7 @@ class DataParallel:
         with torch.enable_grad():
             logits = self.ddp(src, tgt_in, rng=self.state.rng)                              # (B/W, T, V) float32
             share = smoothed_loss(logits, tgt_out, self.state.train_config.label_smoothing,
-                                  self.model.config.pad_id, reduction="sum") / n            # () float32
+                                  self.model.config.pad_id, count=n)                         # () float32
             (share * self.world).backward()  # DDP divides by W while it all-reduces
         loss = share.detach().clone()                                       # () float32
         dist.all_reduce(loss)  # the sum of the shares: the global loss, for reporting (no gradient flows here)
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- internals
 
-def _devices() -> torch.device:
+def _device() -> torch.device:
     """This worker's device: ``cuda:<LOCAL_RANK>`` where CUDA is available, else the CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -225,7 +225,7 @@ def _process_group(workers: int, torchrun: bool) -> Iterator[None]:
             raise SystemExit(f"{MODULE}: --data-parallel {workers}, but torchrun started {world} processes "
                              f"(WORLD_SIZE); give torchrun --nproc-per-node {workers} (times its nodes)")
         if backend == "nccl":
-            torch.cuda.set_device(_devices())
+            torch.cuda.set_device(_device())
         dist.init_process_group(backend, timeout=TIMEOUT)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)

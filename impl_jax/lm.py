@@ -38,7 +38,7 @@ class LanguageModel(Module):
     def __init__(self, config: Config, seed: int = 0, *, params: dict[str, Any] | None = None):
         validate.check_model_kind(config, decoder_only=True)
         params = _weights(config, seed, params)
-        vars(self).update(embedder=Embedder(params, config), decoder=Decoder(params, config), config=config)
+        vars(self).update(embedder=Embedder(config, params), decoder=Decoder(config, params), config=config)
 
     def forward(self, tokens: Ids, intermediates: bool = False, *, rng: jax.Array | None = None):
         """tokens (B, T) int -> logits (B, T, V) float32, or with ``intermediates`` ``(logits, {name:

@@ -75,18 +75,18 @@ class Stack(Module):
     final_norm: LayerNorm | None
     config: Config = dataclasses.field(metadata={"static": True})
 
-    def __init__(self, params: dict[str, jax.Array], config: Config, layer: type[Module], name: str, n: int):
+    def __init__(self, config: Config, params: dict[str, jax.Array], layer: type[Module], name: str, n: int):
         vars(self).update(
-            layers=tuple(layer(params, f"{name}.layers.{i}", config) for i in range(n)),
-            final_norm=LayerNorm(params, f"{name}.final_norm", config.layer_norm_eps) if config.norm_first else None,
+            layers=tuple(layer(config, params, f"{name}.layers.{i}") for i in range(n)),
+            final_norm=LayerNorm(config, params, f"{name}.final_norm") if config.norm_first else None,
             config=config)
 
 
 class Encoder(Stack):
     """The encoder stack (section 3.1): N ``EncoderLayer``s, then a final LayerNorm when pre-LN."""
 
-    def __init__(self, params: dict[str, jax.Array], config: Config):
-        super().__init__(params, config, EncoderLayer, "encoder", config.n_encoder_layers)
+    def __init__(self, config: Config, params: dict[str, jax.Array]):
+        super().__init__(config, params, EncoderLayer, "encoder", config.n_encoder_layers)
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D): the source embeddings (section 3.4, after their dropout); mask (B, 1, 1, S) key padding;
@@ -102,8 +102,8 @@ class Encoder(Stack):
 class Decoder(Stack):
     """The decoder stack (section 3.1): N ``DecoderLayer``s over a KV cache, then a final LayerNorm when pre-LN."""
 
-    def __init__(self, params: dict[str, jax.Array], config: Config):
-        super().__init__(params, config, DecoderLayer, "decoder", config.n_decoder_layers)
+    def __init__(self, config: Config, params: dict[str, jax.Array]):
+        super().__init__(config, params, DecoderLayer, "decoder", config.n_decoder_layers)
 
     def forward(self, y: jax.Array, cache: KVCache, rng: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
         """y (B, n, D): the target embeddings of positions ``cache.length ..`` (after their dropout), which
@@ -141,8 +141,8 @@ class Transformer(Module):
     def __init__(self, config: Config, seed: int = 0, *, params: dict[str, Any] | None = None):
         validate.check_model_kind(config, decoder_only=False)
         params = _weights(config, seed, params)
-        vars(self).update(embedder=Embedder(params, config), encoder=Encoder(params, config),
-                          decoder=Decoder(params, config), config=config)
+        vars(self).update(embedder=Embedder(config, params), encoder=Encoder(config, params),
+                          decoder=Decoder(config, params), config=config)
 
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False, *, rng: jax.Array | None = None):
         """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32, or with

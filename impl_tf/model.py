@@ -62,17 +62,17 @@ class Stack(tf.Module):
     """``n`` layers of one kind under the canonical prefix ``name`` (section 3.1); pre-LN adds a final LayerNorm:
     what the encoder and decoder stacks share."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray], layer: type[tf.Module], name: str, n: int):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], layer: type[tf.Module], name: str, n: int):
         super().__init__(name=name)
-        self.layers = [layer(c, params, f"{name}.layers.{i}") for i in range(n)]
-        self.final_norm = LayerNorm(c, params, f"{name}.final_norm") if c.norm_first else None
+        self.layers = [layer(config, params, f"{name}.layers.{i}") for i in range(n)]
+        self.final_norm = LayerNorm(config, params, f"{name}.final_norm") if config.norm_first else None
 
 
 class Encoder(Stack):
     """N encoder layers (section 3.1); pre-LN adds a final LayerNorm."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray]):
-        super().__init__(c, params, EncoderLayer, "encoder", c.n_encoder_layers)
+    def __init__(self, config: Config, params: dict[str, np.ndarray]):
+        super().__init__(config, params, EncoderLayer, "encoder", config.n_encoder_layers)
 
     def forward(self, x: tf.Tensor, mask: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> memory (B, S, D); ``rng`` as ``layers.dropout``'s."""
@@ -87,8 +87,8 @@ class Encoder(Stack):
 class Decoder(Stack):
     """N decoder layers over a KV cache (section 3.1); pre-LN adds a final LayerNorm."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray]):
-        super().__init__(c, params, DecoderLayer, "decoder", c.n_decoder_layers)
+    def __init__(self, config: Config, params: dict[str, np.ndarray]):
+        super().__init__(config, params, DecoderLayer, "decoder", config.n_decoder_layers)
 
     def forward(self, y: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None) -> tuple[tf.Tensor, KVCache]:
         """y (B, n, D) at positions ``cache.length...``, whose keys are already in ``cache.key_mask`` -> (h (B, n, D),

@@ -197,11 +197,10 @@ def activation(h: Tensor, name: str) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; ``act`` an ``activation`` name, ``config.activation``: the
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; act the ``activation`` ``config.activation``: the
     paper's ReLU by default): (B, L, D) -> (B, L, D), hidden (B, L, F)."""
 
-    def __init__(self, config: Config, act: str, device: torch.device | str | None = None, *,
-                 native_bf16: bool = False):
+    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
         D, F_ = config.d_model, config.d_ff
         kw = {"dtype": DTYPES[config.param_dtype], "device": device}
@@ -209,7 +208,7 @@ class FeedForward(nn.Module):
         self.b_1 = nn.Parameter(torch.empty(F_, **kw))
         self.w_2 = nn.Parameter(torch.empty(F_, D, **kw))
         self.b_2 = nn.Parameter(torch.empty(D, **kw))
-        self.act, self.native_bf16 = act, native_bf16
+        self.act, self.native_bf16 = config.activation, native_bf16
 
     def forward(self, x: Tensor) -> Tensor:
         h = activation(linear(x, self.w_1, self.b_1, native_bf16=self.native_bf16), self.act)  # (B, L, F)
@@ -247,7 +246,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         attention = functools.partial(MultiHeadAttention, config, device, native_bf16=native_bf16)
         self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
-        self.ffn = FeedForward(config, config.activation, device, native_bf16=native_bf16)
+        self.ffn = FeedForward(config, device, native_bf16=native_bf16)
         self.ffn_norm = LayerNorm(config, device)
         self.norm_first, self.rate = config.norm_first, config.dropout
 
@@ -273,7 +272,7 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
         self.cross_attn, self.cross_attn_norm = (None, None) if config.decoder_only else \
             (attention(), LayerNorm(config, device))
-        self.ffn = FeedForward(config, config.activation, device, native_bf16=native_bf16)
+        self.ffn = FeedForward(config, device, native_bf16=native_bf16)
         self.ffn_norm = LayerNorm(config, device)
         self.norm_first, self.rate = config.norm_first, config.dropout
 

@@ -228,13 +228,13 @@ def _check_state(model: TransformerBase, state: TrainState) -> None:
                                  f"the parameter {tuple(p.shape)}")
 
 
-def _loss_and_gradients(model: TransformerBase, inputs: tuple[Tensor, ...], targets: Tensor,
+def _loss_and_gradients(model: TransformerBase, inputs: tuple[Tensor, ...], tgt_out: Tensor,
                         label_smoothing: float, rng: torch.Generator | None) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of ``model(*inputs)`` against ``targets`` and its gradients with respect to fp32 leaves standing in
+    """The loss of ``model(*inputs)`` against ``tgt_out`` and its gradients with respect to fp32 leaves standing in
     for the parameters (``loss_and_gradients`` says why), in ``spec.schema`` order."""
     leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
     with torch.enable_grad():
         logits = torch.func.functional_call(model, leaves, inputs, {"rng": rng})  # (B, T, V) float32
-        loss = smoothed_loss(logits, targets, label_smoothing, model.config.pad_id)  # () float32
+        loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)  # () float32
         grads = torch.autograd.grad(loss, list(leaves.values()))
     return loss.detach(), dict(zip(leaves, grads, strict=True))

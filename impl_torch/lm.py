@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 import spec
-from impl_torch.layers import DTYPES, to_tensor
+from impl_torch.layers import DTYPES
 from impl_torch.model import (
     Decoder,
     Ids,
@@ -42,9 +42,8 @@ class LanguageModel(TransformerBase):
                  native_bf16: bool = False, params: dict[str, np.ndarray] | None = None):
         validate.check_model_kind(config, decoder_only=True)
         params = spec.init_params(config, seed) if params is None else params
-        super().__init__(config, device, native_bf16)
-        self.decoder = Decoder(config, device, native_bf16=native_bf16)
-        self.load_state_dict({name: to_tensor(a) for name, a in params.items()})
+        super().__init__(config, params, device, native_bf16)
+        self.decoder = Decoder(config, params, device, native_bf16=native_bf16)
 
     def forward(self, tokens: Ids, intermediates: bool = False, *, rng: torch.Generator | None = None
                 ) -> Float[Tensor, "B T V"] | tuple[Float[Tensor, "B T V"], dict[str, Tensor]]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 import spec
-from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout, to_tensor
+from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout
 from spec import validate
 from spec.annotations import Bool, Float
 from spec.config import Config
@@ -60,18 +60,21 @@ class Stack(nn.Module):
     """``n`` layers of one kind, then (pre-LN only) a final LayerNorm (section 3.1): what the encoder and decoder
     stacks share."""
 
-    def __init__(self, config: Config, device: torch.device | str | None, layer: type[nn.Module], n: int, *,
-                 native_bf16: bool = False):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], layer: type[nn.Module], name: str, n: int,
+                 device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(layer(config, device, native_bf16=native_bf16) for _ in range(n))
-        self.final_norm = LayerNorm(config, device) if config.norm_first else None
+        self.layers = nn.ModuleList(layer(config, params, f"{name}.layers.{i}", device, native_bf16=native_bf16)
+                                    for i in range(n))
+        self.final_norm = LayerNorm(config, params, f"{name}.final_norm", device) if config.norm_first else None
 
 
 class Encoder(Stack):
     """N encoder layers, then (pre-LN only) a final LayerNorm: (B, S, D) -> (B, S, D)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__(config, device, EncoderLayer, config.n_encoder_layers, native_bf16=native_bf16)
+    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None, *,
+                 native_bf16: bool = False):
+        super().__init__(config, params, EncoderLayer, "encoder", config.n_encoder_layers, device,
+                         native_bf16=native_bf16)
 
     def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) key padding mask."""
@@ -84,8 +87,10 @@ class Encoder(Stack):
 class Decoder(Stack):
     """N decoder layers, then (pre-LN only) a final LayerNorm: (B, n, D) -> (B, n, D)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__(config, device, DecoderLayer, config.n_decoder_layers, native_bf16=native_bf16)
+    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None, *,
+                 native_bf16: bool = False):
+        super().__init__(config, params, DecoderLayer, "decoder", config.n_decoder_layers, device,
+                         native_bf16=native_bf16)
 
     def forward(self, y: Tensor, cache: KVCache, rng: torch.Generator | None = None) -> tuple[Tensor, KVCache]:
         """n new positions y (B, n, D) at ``cache.length``.. -> (h (B, n, D), cache), the new positions' keys and
@@ -106,13 +111,14 @@ class Decoder(Stack):
 
 class TransformerBase(nn.Module):
     """What ``Transformer`` and ``impl_torch.lm.LanguageModel`` share as modules: ``config``, ``native_bf16``, the
-    ``Embedder``'s parameters registered here first, by canonical name (``_TIED``; the state_dict holds each once),
-    and casts that keep ``config`` true. A subclass adds its stacks, then loads the canonical parameters."""
+    ``Embedder``'s parameters, of the canonical ``params``, registered here first, by canonical name (``_TIED``; the
+    state_dict holds each once), and casts that keep ``config`` true. A subclass adds its stacks of ``params``."""
 
-    def __init__(self, config: Config, device: torch.device | str | None, native_bf16: bool):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None,
+                 native_bf16: bool):
         super().__init__()
         self.config, self.native_bf16 = config, native_bf16
-        e = self.embedder = Embedder(config, device, native_bf16=native_bf16)
+        e = self.embedder = Embedder(config, params, device, native_bf16=native_bf16)
         self.embedding, self.position_embedding, self.logits_bias = e.table, e.positions, e.bias  # None: option off
         self.register_state_dict_post_hook(_tied_once)
         self.register_load_state_dict_pre_hook(_tied_twice)
@@ -162,10 +168,9 @@ class Transformer(TransformerBase):
                  native_bf16: bool = False, params: dict[str, np.ndarray] | None = None):
         validate.check_model_kind(config, decoder_only=False)
         params = spec.init_params(config, seed) if params is None else params
-        super().__init__(config, device, native_bf16)
-        self.encoder = Encoder(config, device, native_bf16=native_bf16)
-        self.decoder = Decoder(config, device, native_bf16=native_bf16)
-        self.load_state_dict({name: to_tensor(a) for name, a in params.items()})
+        super().__init__(config, params, device, native_bf16)
+        self.encoder = Encoder(config, params, device, native_bf16=native_bf16)
+        self.decoder = Decoder(config, params, device, native_bf16=native_bf16)
 
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False, *, rng: torch.Generator | None = None
                 ) -> Float[Tensor, "B T V"] | tuple[Float[Tensor, "B T V"], dict[str, Tensor]]:

@@ -47,7 +47,7 @@ class LanguageModel(Module):
         host = _host_ids(tokens, c, "tokens")
         validate.check_tokens("tokens", host, c)
         B, T = host.shape
-        tokens = _device_ids(tokens, host, shapes.batch_bucket(B), shapes.length_bucket(T, c.max_len), c.pad_id)
+        tokens = _device_ids(tokens, shapes.batch_bucket(B), shapes.length_bucket(T, c.max_len), c.pad_id)
         logits, rec = _forward(self, tokens, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]

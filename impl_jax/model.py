@@ -152,8 +152,8 @@ class Transformer(Module):
         validate.check_forward(src_host, tgt_host, c)
         (B, S), T = src_host.shape, tgt_host.shape[1]
         Bb = shapes.batch_bucket(B)
-        src = _device_ids(src, src_host, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
-        tgt_in = _device_ids(tgt_in, tgt_host, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
+        src = _device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
+        tgt_in = _device_ids(tgt_in, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
         logits, rec = _forward(self, src, tgt_in, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
@@ -166,7 +166,7 @@ class Transformer(Module):
         host = _host_ids(src, c)
         validate.check_source(host, c)
         B, S = host.shape
-        src = _device_ids(src, host, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
+        src = _device_ids(src, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
         return _compiled(_encode, self, src)[:B, :S]
 
     def init_cache(self, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
@@ -178,7 +178,7 @@ class Transformer(Module):
         validate.check_capacity(capacity, c)
         if tuple(memory.shape) != (*host.shape, c.d_model):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {host.shape} and d_model")
-        src = _device_ids(src, host, *host.shape, c.pad_id)
+        src = _device_ids(src, *host.shape, c.pad_id)
         return _compiled(_init_cache, self, memory, src, capacity=int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
@@ -195,7 +195,7 @@ def decode(model: Module, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCac
     host = _host_ids(tokens, c, "tokens")
     length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
     validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
-    return _compiled(_decode, model, _device_ids(tokens, host, *host.shape, c.pad_id), cache)
+    return _compiled(_decode, model, _device_ids(tokens, *host.shape, c.pad_id), cache)
 
 
 # ----------------------------------------------------------------- unchecked internals (validated, bucketed ids)
@@ -257,15 +257,15 @@ def _host_ids(ids: Ids, config: Config, name: str = "src") -> np.ndarray:
     return validate.host_ids(name, ids)
 
 
-def _device_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int) -> jax.Array:
+def _device_ids(ids: Ids, batch: int, length: int, pad_id: int) -> jax.Array:
     """Validated ids (B, L) as int32 (batch, length), the new rows and positions ``pad_id`` (concrete ids padded
     on the host: no XLA program per shape). Padding leaves every real result as it was (up to the order of fp32
     sums): padded source keys are masked, padded target positions come after the real ones (causal), added rows
     attend uniformly over masked keys (finite) and are dropped."""
     if isinstance(ids, jax.core.Tracer):
-        widths = ((0, batch - host.shape[0]), (0, length - host.shape[1]))
+        widths = ((0, batch - ids.shape[0]), (0, length - ids.shape[1]))
         return jnp.pad(ids.astype(jnp.int32), widths, constant_values=pad_id)
-    return jnp.asarray(shapes.pad_ids(host, batch, length, pad_id))
+    return jnp.asarray(shapes.pad_ids(np.asarray(ids), batch, length, pad_id))
 
 
 # ----------------------------------------------------------------- the compiled programs

@@ -69,7 +69,7 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
     Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(L + max_new_tokens, c.max_len)
     u = np.zeros((Bb, capacity), np.float32)
     u[:B, :max_new_tokens] = sampling.uniforms(seed, B, max_new_tokens)
-    prompt = _device_ids(host[:, :L], host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
+    prompt = _device_ids(host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
     top_k = c.vocab_size if top_k is None else min(top_k, c.vocab_size)
     scalars = (np.int32(lengths.min()), np.int32(max_new_tokens), np.float32(temperature), np.int32(top_k),
                _at_least(top_p))

@@ -155,5 +155,5 @@ def _padded(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[ja
     get limit 1 (they stop after one step); the capacity, the bucket of the longest limit, holds every sequence."""
     c, (B, S) = model.config, src.shape
     Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(int(limits.max()), c.max_len)
-    return (_device_ids(src, src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
+    return (_device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
             jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)

@@ -168,9 +168,9 @@ def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax
     validate.check_train_batch(src_host, tgt_host, out_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
     Bb, Tb = shapes.batch_bucket(B), shapes.length_bucket(T, config.max_len)
-    return (_device_ids(src, src_host, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
-            _device_ids(tgt_in, tgt_host, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
-            _device_ids(tgt_out, out_host, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
+    return (_device_ids(src, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
+            _device_ids(tgt_in, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
+            _device_ids(tgt_out, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
 
 
 def _lm_batch(model: LanguageModel, tokens: Ids) -> tuple[jax.Array, jax.Array]:
@@ -182,8 +182,8 @@ def _lm_batch(model: LanguageModel, tokens: Ids) -> tuple[jax.Array, jax.Array]:
     validate.check_lm_batch(host, config)
     ids = tokens if isinstance(tokens, jax.core.Tracer) else host
     Bb, Tb = shapes.batch_bucket(host.shape[0]), shapes.length_bucket(host.shape[1] - 1, config.max_len)
-    return (_device_ids(ids[:, :-1], host[:, :-1], Bb, Tb, config.pad_id),
-            _device_ids(ids[:, 1:], host[:, 1:], Bb, Tb, config.pad_id))
+    return (_device_ids(ids[:, :-1], Bb, Tb, config.pad_id),
+            _device_ids(ids[:, 1:], Bb, Tb, config.pad_id))
 
 
 def _step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array

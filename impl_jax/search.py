@@ -26,6 +26,7 @@ from jax import lax
 from impl_jax import numerics
 from impl_jax.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache, log
 from spec import shapes, validate
+from spec.search import length_penalty
 
 F32 = jnp.float32
 
@@ -36,14 +37,15 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     src, limits, capacity = _padded(model, host, limits)
-    out, steps = _greedy(model, src, limits, capacity)
+    out, steps = _greedy(model, src, limits, jnp.full((src.shape[0], capacity), c.pad_id, jnp.int32))
     return np.asarray(out)[:host.shape[0], :int(steps)].astype(np.int64)
 
 
-@functools.partial(numerics.jit, static_argnames=("capacity",))
-def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, capacity: int):
-    """The loop of ``greedy_search``: src (B, S), limits (B,) on the buckets -> (tokens (B, P), steps ())."""
-    c, B = model.config, src.shape[0]
+@numerics.jit
+def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, out: jax.Array):
+    """The loop of ``greedy_search``: src (B, S), limits (B,) on the buckets, out (B, P) ``pad_id``-filled, whose
+    P fixes the cache capacity -> (tokens (B, P), steps ())."""
+    c, (B, capacity) = model.config, out.shape
     log.info("impl_jax: compiling greedy_search for batch %d, source length %d (buckets); capacity %d",
              *src.shape, capacity)
     model = jax.tree.map(lambda p: p.astype(c.dtype), model)
@@ -61,8 +63,7 @@ def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, capacity: int
         t, _, _, done, _ = state
         return (t < capacity) & ~done.all()
 
-    state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32),
-             jnp.full((B, capacity), c.pad_id, jnp.int32), jnp.zeros((B,), bool),
+    state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32), out, jnp.zeros((B,), bool),
              _init_cache(model, _encode(model, src), src, capacity))
     steps, _, out, _, _ = lax.while_loop(running, step, state)
     return out, steps
@@ -88,18 +89,18 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     limits = validate.generation_limits(host, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
     src, limits, capacity = _padded(model, host, limits)
-    # lp(t) = ((5 + t) / 6) ** alpha for t = 0..P (Wu et al., 2016), in float64 rounded to fp32
-    lp = (((5.0 + np.arange(capacity + 1)) / 6.0) ** float(alpha)).astype(np.float32)
-    best, length = _beam(model, src, limits, jnp.asarray(lp), capacity, int(beam_size))
+    penalties = np.float32([length_penalty(n, float(alpha)) for n in range(capacity + 1)])  # (P + 1,)
+    best, length = _beam(model, src, limits, jnp.asarray(penalties), int(beam_size))
     B = host.shape[0]
     return np.asarray(best)[:B, :int(np.asarray(length)[:B].max())].astype(np.int64)
 
 
-@functools.partial(numerics.jit, static_argnames=("capacity", "k"))
-def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, capacity: int, k: int):
-    """The loop of ``beam_search``: src (B, S), limits (B,) on the buckets, lp (P + 1,) the length penalties ->
-    (the best hypothesis (B, P), its length (B,))."""
+@functools.partial(numerics.jit, static_argnames=("k",))
+def _beam(model: Transformer, src: jax.Array, limits: jax.Array, penalties: jax.Array, k: int):
+    """The loop of ``beam_search``: src (B, S), limits (B,) on the buckets, penalties (P + 1,) float32 the length
+    penalties of lengths 0..P, whose P fixes the cache capacity -> (the best hypothesis (B, P), its length (B,))."""
     c, B, V, ninf = model.config, src.shape[0], model.config.vocab_size, -jnp.inf
+    capacity = penalties.shape[0] - 1
     log.info("impl_jax: compiling beam_search for batch %d, source length %d (buckets); capacity %d, beam %d",
              *src.shape, capacity, k)
     # The tied output projection on the table held in fp32 (the same values): at beam rows (B * k) XLA's CPU backend
@@ -124,11 +125,11 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, 
         _, alive = lax.top_k(alive_score, k)                                                 # (B, k)
         rows = (jnp.arange(B)[:, None] * k + take(beam, alive)).reshape(B * k)
         cache = cache._replace(self_kv=jax.tree.map(lambda x: x[rows], cache.self_kv), key_mask=cache.key_mask[rows])
-        merged = jnp.concatenate([s.fin_score, jnp.where(is_eos, cand / lp[t + 1], ninf)], axis=1)  # (B, 3k)
+        merged = jnp.concatenate([s.fin_score, jnp.where(is_eos, cand / penalties[t + 1], ninf)], axis=1)  # (B, 3k)
         fin_score, keep = lax.top_k(merged, k)                                               # old before new on ties
         new = BeamState(take(tok, alive), take(seq, alive), take(alive_score, alive),
                         take(jnp.concatenate([s.fin_seq, seq], axis=1), keep), fin_score, jnp.full((B,), t + 1))
-        stop = (t + 1 == limits) | (new.fin_score.min(axis=1) >= new.alive_lp.max(axis=1) / lp[limits])
+        stop = (t + 1 == limits) | (new.fin_score.min(axis=1) >= new.alive_lp.max(axis=1) / penalties[limits])
         s = jax.tree.map(lambda old, x: jnp.where(done.reshape((B,) + (1,) * (x.ndim - 1)), old, x), s, new)
         return t + 1, s, done | stop, cache
 

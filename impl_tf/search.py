@@ -24,7 +24,7 @@ import tensorflow as tf
 from impl_tf.model import IDS, KVCache, Transformer, _compiled, _decode, _device_ids, _encode, _host_ids, _init_cache
 from spec import shapes, validate
 from spec.annotations import Int
-from spec.search import forbid_special
+from spec.search import forbid_special, length_penalty
 
 NEG_INF = float("-inf")
 LIMITS = tf.TensorSpec([None], tf.int32)
@@ -83,11 +83,11 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     limits = validate.generation_limits(src, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
     beam_size, alpha = int(beam_size), float(alpha)
-    (padded_src, padded_limits, seq), size = _padded(model, src, limits)
+    (padded_src, padded_limits, _), size = _padded(model, src, limits)
+    penalties = tf.constant([length_penalty(n, alpha) for n in range(size[2] + 1)], tf.float32)  # (P + 1,)
     loop = _compiled(model, f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
-                     [IDS, LIMITS, tf.TensorSpec([], tf.float64), IDS], size)
-    fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(
-        padded_src, padded_limits, tf.constant(alpha, tf.float64), seq))
+                     [IDS, LIMITS, tf.TensorSpec([None], tf.float32)], size)
+    fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(padded_src, padded_limits, penalties))
     rows = []
     for b in range(len(limits)):
         if np.isfinite(fin_score[b, 0]):
@@ -100,21 +100,21 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     return tf.constant(out)
 
 
-def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tensor, seq: tf.Tensor, *, k: int
+def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, penalties: tf.Tensor, *, k: int
           ) -> tuple[tf.Tensor, ...]:
-    """Beam search of width k for each source row; ``seq`` (B, P) pad-filled fixes the capacity. Returns finished
-    sequences and scores (B, k, P), (B, k), the best alive sequence (B, P) and the steps each row ran (B,)."""
+    """Beam search of width k for each source row (B, S), limits (B,); penalties (P + 1,) float32 the length
+    penalties of lengths 0..P, whose P fixes the cache capacity. Returns finished sequences and scores (B, k, P),
+    (B, k), the best alive sequence (B, P) and the steps each row ran (B,)."""
     c, V = model.config, model.config.vocab_size
-    B, P = tf.shape(seq)[0], tf.shape(seq)[1]
+    B, P = tf.shape(src)[0], tf.shape(penalties)[0] - 1
+    seq = tf.fill([B, P], c.pad_id)                                          # (B, P): no token yet
     take = lambda kv, rows: tuple(tuple(tf.gather(x, rows) for x in pair) for pair in kv)  # noqa: E731
-    # ((5 + |Y|) / 6) ** alpha (Wu et al., 2016) in float64, rounded to float32 as spec.search.length_penalty
-    length_penalty = lambda n: tf.cast(((5.0 + tf.cast(n, tf.float64)) / 6.0) ** alpha, tf.float32)  # noqa: E731
     special = forbid_special(np.zeros(V), c) == NEG_INF                     # (V,) True at pad and BOS
     cache = _init_cache(model, _encode(model, src), src, P)
     rows = tf.repeat(tf.range(B), k)                                         # (B k): source b at b*k..b*k+k-1
     cache = cache._replace(self_kv=take(cache.self_kv, rows), key_mask=tf.gather(cache.key_mask, rows),
                            memory_kv=take(cache.memory_kv, rows), memory_mask=tf.gather(cache.memory_mask, rows))
-    max_lp = length_penalty(limits)                                          # (B,)
+    limit_penalty = tf.gather(penalties, limits)                             # (B,) of each source's limit
     state = BeamState(
         t=tf.constant(1), tokens=tf.fill([B * k], c.bos_id), active=tf.ones([B], tf.bool),
         steps=tf.zeros([B], tf.int32),
@@ -134,11 +134,11 @@ def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, alpha: tf.Tenso
 
         alive_lp, alive = tf.math.top_k(tf.where(is_eos, NEG_INF, cand), k)                 # (B, k)
         rows = tf.reshape(tf.range(B)[:, None] * k + tf.gather(beam, alive, batch_dims=1), [-1])
-        new_score = tf.where(is_eos, cand / length_penalty(s.t), NEG_INF)                  # (B, 2k)
+        new_score = tf.where(is_eos, cand / penalties[s.t], NEG_INF)                       # (B, 2k)
         fin_score, keep = tf.math.top_k(tf.concat([s.fin_score, new_score], 1), k)          # old before new on ties
         fin_seq = tf.gather(tf.concat([s.fin_seq, seq], 1), keep, batch_dims=1)
 
-        stop = (s.t >= limits) | (tf.reduce_min(fin_score, 1) >= tf.reduce_max(alive_lp, 1) / max_lp)
+        stop = (s.t >= limits) | (tf.reduce_min(fin_score, 1) >= tf.reduce_max(alive_lp, 1) / limit_penalty)
         on = s.active
         keep_on = lambda new, old: tf.where(tf.reshape(on, [-1] + [1] * (new.shape.rank - 1)), new, old)  # noqa: E731
         # beams of one source share its memory rows: only the self-attention part of the cache is reordered

@@ -35,16 +35,18 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     host = _host_ids(src)
     validate.check_source(host, model.config)
     limits = validate.generation_limits(host, model.config, max_new_tokens)
-    return _greedy(model, _device_ids(src, model.embedding.device), limits)
+    dev = model.embedding.device
+    out = torch.full((len(limits), int(limits.max())), model.config.pad_id, dtype=torch.long, device=dev)
+    return _greedy(model, _device_ids(src, dev), limits, out)
 
 
-def _greedy(model: Transformer, src: Tensor, limits: np.ndarray) -> Tensor:
-    """The loop of ``greedy_search``: validated src (B, S) int64, limits (B,) -> tokens (B, L) int64."""
-    c, dev, L = model.config, model.embedding.device, int(limits.max())
+def _greedy(model: Transformer, src: Tensor, limits: np.ndarray, out: Tensor) -> Tensor:
+    """The loop of ``greedy_search``: validated src (B, S) int64, limits (B,), out (B, L) int64 ``pad_id``-filled,
+    whose L (the longest limit) fixes the cache capacity -> tokens (B, <= L) int64, written into ``out``."""
+    c, dev, L = model.config, model.embedding.device, out.shape[1]
     cache = _init_cache(model, _encode(model, src), src, L)
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                   # never generated
     limit = torch.as_tensor(limits, device=dev)                                # (B,)
-    out = torch.full((len(limits), L), c.pad_id, dtype=torch.long, device=dev)
     done = torch.zeros(len(limits), dtype=torch.bool, device=dev)
     tokens = torch.full((len(limits),), c.bos_id, dtype=torch.long, device=dev)
     for t in range(L):
@@ -87,18 +89,22 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     validate.check_source(host, model.config)
     limits = validate.generation_limits(host, model.config, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
-    return _beam(model, _device_ids(src, model.embedding.device), limits, int(beam_size), float(alpha))
+    penalties = torch.tensor([length_penalty(n, float(alpha)) for n in range(int(limits.max()) + 1)],
+                             dtype=torch.float32, device=model.embedding.device)        # (L + 1,)
+    return _beam(model, _device_ids(src, model.embedding.device), limits, penalties, int(beam_size))
 
 
-def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: float) -> Tensor:
-    """The loop of ``beam_search``: validated src (B, S) int64, limits (B,), k beams -> tokens (B, L) int64."""
+def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor, k: int) -> Tensor:
+    """The loop of ``beam_search``: validated src (B, S) int64, limits (B,), penalties (L + 1,) float32 the length
+    penalties of lengths 0..L, whose L (the longest limit) fixes the cache capacity, k beams -> tokens (B, <= L)
+    int64."""
     c, V, dev = model.config, model.config.vocab_size, model.embedding.device
-    B, L = len(limits), int(limits.max())
+    B, L = len(limits), penalties.shape[0] - 1
     memory = _encode(model, src).repeat_interleave(k, dim=0)                        # (B*k, S, D): encoded once
     cache = _init_cache(model, memory, src.repeat_interleave(k, dim=0), L)
     f32 = {"dtype": torch.float32, "device": dev}
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                       # never generated
-    max_lp = torch.tensor([length_penalty(int(n), alpha) for n in limits], **f32)  # (B,) lp(limit_b)
+    limit_penalty = penalties[torch.as_tensor(limits, device=dev)]                 # (B,) of each source's limit
     alive_lp = torch.full((B, k), -torch.inf, **f32)                               # (B, k): only beam 0 alive
     alive_lp[:, 0] = 0.0
     s = BeamState(alive_seq=torch.zeros(B, k, 0, dtype=torch.long, device=dev), alive_lp=alive_lp,
@@ -126,14 +132,15 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: fl
             ck[:, :, :n], cv[:, :, :n] = ck[picked, :, :n], cv[picked, :, :n]
         cache.key_mask[:, :n] = cache.key_mask[picked, :n]
 
-        new_score = torch.where(is_eos, score / torch.tensor(length_penalty(t, alpha), **f32), -torch.inf)
+        new_score = torch.where(is_eos, score / penalties[t], -torch.inf)
         merged = torch.cat([s.fin_score, new_score], dim=1)                         # (B, 3k): old before new
         keep = merged.sort(dim=-1, descending=True, stable=True).indices[:, :k]
         padded = torch.cat([s.fin_seq, torch.nn.functional.pad(seq, (0, L - t), value=c.pad_id)], dim=1)
         s = BeamState(seq.take_along_dim(alive[..., None], 1), alive_score.gather(1, alive),
                       padded.take_along_dim(keep[..., None], 1), merged.gather(1, keep))
 
-        stop = (s.fin_score.min(dim=1).values >= s.alive_lp.max(dim=1).values / max_lp).cpu().numpy() | (t == limits)
+        best_reachable = s.alive_lp.max(dim=1).values / limit_penalty                # (B,)
+        stop = (s.fin_score.min(dim=1).values >= best_reachable).cpu().numpy() | (t == limits)
         for b in stop.nonzero()[0]:
             if results[b] is None:  # the best finished up to its EOS, else (none finished) the best alive
                 fin = s.fin_seq[b, 0]

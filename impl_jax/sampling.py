@@ -16,8 +16,6 @@ decoded), then sets the cache's length back to that length: one program for ever
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,20 +69,19 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
     u[:B, :max_new_tokens] = sampling.uniforms(seed, B, max_new_tokens)
     prompt = _device_ids(host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
     top_k = c.vocab_size if top_k is None else min(top_k, c.vocab_size)
-    scalars = (np.int32(lengths.min()), np.int32(max_new_tokens), np.float32(temperature), np.int32(top_k),
-               _at_least(top_p))
-    out = _generate(model, prompt, np.pad(lengths, (0, Bb - B)).astype(np.int32), u, *scalars, capacity=capacity)
+    scalars = (np.int32(max_new_tokens), np.float32(temperature), np.int32(top_k), _at_least(top_p))
+    out = _generate(model, prompt, np.pad(lengths, (0, Bb - B)).astype(np.int32), u, *scalars)
     out = np.asarray(out)[:B].astype(np.int64)
     return out[:, :int((out != c.pad_id).sum(axis=1).max())]
 
 
-@functools.partial(numerics.jit, static_argnames=("capacity",))
-def _generate(model: LanguageModel, prompt: jax.Array, lengths: jax.Array, u: jax.Array, first: jax.Array,
-              max_new: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, capacity: int
-              ) -> jax.Array:
-    """The loop of ``generate``: prompt (B, L) on the buckets, lengths (B,) (0: an added row), u (B, P), the
-    shortest length ``first`` and the sampling arguments as scalars -> tokens (B, P), right-padded."""
-    c, (B, L), rows = model.config, prompt.shape, jnp.arange(prompt.shape[0])
+@numerics.jit
+def _generate(model: LanguageModel, prompt: jax.Array, lengths: jax.Array, u: jax.Array, max_new: jax.Array,
+              temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """The loop of ``generate``: prompt (B, L) on the buckets, lengths (B,) (0: an added row), uniforms u (B, P)
+    whose P fixes the capacity, the sampling arguments as scalars -> tokens (B, P), right-padded."""
+    c, (B, L), rows, capacity = model.config, prompt.shape, jnp.arange(prompt.shape[0]), u.shape[1]
+    first = jnp.min(jnp.where(lengths > 0, lengths, L))                      # the shortest prompt
     log.info("impl_jax: compiling generate for batch %d, prompt length %d (buckets); capacity %d", B, L, capacity)
     model = jax.tree.map(lambda p: p.astype(c.dtype), model)
     special = jnp.asarray([c.pad_id, c.bos_id])                               # never generated

@@ -73,14 +73,14 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
     validate.check_model_kind(c, decoder_only=True)
     dev = model.embedding.device
     u = torch.as_tensor(sampling.uniforms(seed, len(lengths), int(max_new_tokens)), dtype=torch.float64, device=dev)
-    return _generate(model, _device_ids(host, dev), lengths, u, temperature, top_k, top_p)
+    return _generate(model, _device_ids(host, dev), lengths, u, int(max_new_tokens), temperature, top_k, top_p)
 
 
-def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tensor, temperature: float,
-              top_k: int | None, top_p: float) -> Tensor:
+def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tensor, max_new: int,
+              temperature: float, top_k: int | None, top_p: float) -> Tensor:
     """The loop of ``generate`` on validated input: prompt (B, L) int64 and its lengths (B,), uniforms u (B, N)
-    -> new tokens (B, <= N)."""
-    c, dev, (B, N) = model.config, prompt.device, u.shape
+    of the N = ``max_new`` new tokens -> new tokens (B, <= N)."""
+    c, dev, B, N = model.config, prompt.device, prompt.shape[0], max_new
     first, last = int(lengths.min()), int(lengths.max())
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                             # never generated
     length, rows = torch.as_tensor(lengths, device=dev), torch.arange(B, device=dev)

@@ -18,8 +18,9 @@ from typing import Any
 import jax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.layers import Embedder, Module
-from impl_jax.model import Decoder, Ids, KVCache, _decode, _device_ids, _empty_cache, _host_ids, _weights, decode, log
+from impl_jax.model import Decoder, KVCache, _decode, _empty_cache, _weights, decode, log
 from spec import shapes, validate
 from spec.config import Config
 from spec.recording import recording
@@ -44,10 +45,10 @@ class LanguageModel(Module):
         """tokens (B, T) int -> logits (B, T, V) float32, or with ``intermediates`` ``(logits, {name:
         jax.Array})``; dropout from a PRNG key ``rng`` (training)."""
         c = self.config
-        host = _host_ids(tokens, c, "tokens")
+        host = host_ids(tokens, c, "tokens")
         validate.check_tokens("tokens", host, c)
         B, T = host.shape
-        tokens = _device_ids(tokens, shapes.batch_bucket(B), shapes.length_bucket(T, c.max_len), c.pad_id)
+        tokens = device_ids(tokens, shapes.batch_bucket(B), shapes.length_bucket(T, c.max_len), c.pad_id)
         logits, rec = _forward(self, tokens, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]

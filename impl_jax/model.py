@@ -25,17 +25,15 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.layers import KV, DecoderLayer, Embedder, EncoderLayer, LayerNorm, Module, dropout, split
 from spec import shapes, validate
 from spec.config import Config
 from spec.init import init_params
 from spec.recording import record, recording, scope
-
-Ids = Any  # token ids (B, L): a nested list, a NumPy array, a jax.Array, or a tracer inside the caller's jit
 
 log = logging.getLogger("impl_jax")
 
@@ -148,12 +146,12 @@ class Transformer(Module):
         """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32, or with
         ``intermediates`` ``(logits, {name: jax.Array})``; dropout from a PRNG key ``rng`` (training)."""
         c = self.config
-        src_host, tgt_host = _host_ids(src, c), _host_ids(tgt_in, c, "tgt_in")
+        src_host, tgt_host = host_ids(src, c), host_ids(tgt_in, c, "tgt_in")
         validate.check_forward(src_host, tgt_host, c)
         (B, S), T = src_host.shape, tgt_host.shape[1]
         Bb = shapes.batch_bucket(B)
-        src = _device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
-        tgt_in = _device_ids(tgt_in, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
+        src = device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
+        tgt_in = device_ids(tgt_in, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
         logits, rec = _forward(self, src, tgt_in, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
@@ -163,22 +161,22 @@ class Transformer(Module):
     def encode(self, src: Ids) -> jax.Array:
         """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in ``config.dtype``."""
         c = self.config
-        host = _host_ids(src, c)
+        host = host_ids(src, c)
         validate.check_source(host, c)
         B, S = host.shape
-        src = _device_ids(src, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
+        src = device_ids(src, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
         return _compiled(_encode, self, src)[:B, :S]
 
     def init_cache(self, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
         """An empty ``KVCache`` of exactly ``capacity`` positions (not bucketed) for ``memory`` (B, S, D) of
         ``src`` (B, S); the cross-attention K/V of ``memory`` computed here, once (section 3.2.3)."""
         c = self.config
-        host = _host_ids(src, c)
+        host = host_ids(src, c)
         validate.check_source(host, c)
         validate.check_capacity(capacity, c)
         if tuple(memory.shape) != (*host.shape, c.d_model):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {host.shape} and d_model")
-        src = _device_ids(src, *host.shape, c.pad_id)
+        src = device_ids(src, *host.shape, c.pad_id)
         return _compiled(_init_cache, self, memory, src, capacity=int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
@@ -192,10 +190,10 @@ def decode(model: Module, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCac
     (B, n) at ``cache.length ..`` -> (logits (B, n, V) float32, the new cache); inside the caller's jit (a traced
     ``cache.length``) the capacity is checked as if the cache were empty."""
     c = model.config
-    host = _host_ids(tokens, c, "tokens")
+    host = host_ids(tokens, c, "tokens")
     length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
     validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
-    return _compiled(_decode, model, _device_ids(tokens, *host.shape, c.pad_id), cache)
+    return _compiled(_decode, model, device_ids(tokens, *host.shape, c.pad_id), cache)
 
 
 # ----------------------------------------------------------------- unchecked internals (validated, bucketed ids)
@@ -245,27 +243,6 @@ def _decode(model: Module, tokens: jax.Array, cache: KVCache, rng: jax.Array | N
 def _weights(config: Config, seed: int, params: dict[str, Any] | None) -> dict[str, jax.Array]:
     """A model's weights on the device: ``params`` as they are, else ``spec.init_params(config, seed)``."""
     return {name: jnp.asarray(x) for name, x in (init_params(config, seed) if params is None else params).items()}
-
-
-def _host_ids(ids: Ids, config: Config, name: str = "src") -> np.ndarray:
-    """Token ids as NumPy for ``spec.validate``: a host copy of concrete ids (ragged nested lists refused in the
-    spec's words, naming ``name``); for a tracer (the caller's jit), a read-only stand-in of its shape and dtype
-    holding a valid non-pad id, so the checks of rank, shape and dtype run and the value checks (id range,
-    all-padding rows) pass."""
-    if isinstance(ids, jax.core.Tracer):
-        return np.broadcast_to(np.asarray(config.eos_id).astype(ids.dtype), ids.shape)
-    return validate.host_ids(name, ids)
-
-
-def _device_ids(ids: Ids, batch: int, length: int, pad_id: int) -> jax.Array:
-    """Validated ids (B, L) as int32 (batch, length), the new rows and positions ``pad_id`` (concrete ids padded
-    on the host: no XLA program per shape). Padding leaves every real result as it was (up to the order of fp32
-    sums): padded source keys are masked, padded target positions come after the real ones (causal), added rows
-    attend uniformly over masked keys (finite) and are dropped."""
-    if isinstance(ids, jax.core.Tracer):
-        widths = ((0, batch - ids.shape[0]), (0, length - ids.shape[1]))
-        return jnp.pad(ids.astype(jnp.int32), widths, constant_values=pad_id)
-    return jnp.asarray(shapes.pad_ids(np.asarray(ids), batch, length, pad_id))
 
 
 # ----------------------------------------------------------------- the compiled programs

@@ -22,8 +22,9 @@ import numpy as np
 from jax import lax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.lm import LanguageModel
-from impl_jax.model import Ids, _decode, _device_ids, _empty_cache, _host_ids, log
+from impl_jax.model import _decode, _empty_cache, log
 from spec import sampling, shapes, validate
 
 F32 = jnp.float32
@@ -60,14 +61,14 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
     NumPy int64."""
     c = model.config
     validate.check_model_kind(c, decoder_only=True)
-    host = _host_ids(prompt, c, "prompt")
+    host = host_ids(prompt, c, "prompt")
     lengths = validate.check_prompt(host, c, max_new_tokens)
     sampling.check_sampling(temperature, top_k, top_p, seed)
     (B, _), L = host.shape, int(lengths.max())
     Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(L + max_new_tokens, c.max_len)
     u = np.zeros((Bb, capacity), np.float32)
     u[:B, :max_new_tokens] = sampling.uniforms(seed, B, max_new_tokens)
-    prompt = _device_ids(host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
+    prompt = device_ids(host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
     top_k = c.vocab_size if top_k is None else min(top_k, c.vocab_size)
     scalars = (np.int32(max_new_tokens), np.float32(temperature), np.int32(top_k), _at_least(top_p))
     out = _generate(model, prompt, np.pad(lengths, (0, Bb - B)).astype(np.int32), u, *scalars)

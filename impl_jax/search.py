@@ -24,7 +24,8 @@ import numpy as np
 from jax import lax
 
 from impl_jax import numerics
-from impl_jax.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache, log
+from impl_jax.inputs import Ids, device_ids, host_ids
+from impl_jax.model import Transformer, _decode, _encode, _init_cache, log
 from spec import shapes, validate
 from spec.search import length_penalty
 
@@ -33,7 +34,7 @@ F32 = jnp.float32
 
 def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> np.ndarray:
     """Greedy decoding (``spec.api``, ``spec.search.greedy_search``): src (B, S) -> tokens (B, L) NumPy int64."""
-    c, host = model.config, _host_ids(src, model.config)
+    c, host = model.config, host_ids(src, model.config)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     src, limits, capacity = _padded(model, host, limits)
@@ -84,7 +85,7 @@ class BeamState(NamedTuple):
 def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> np.ndarray:
     """Beam search (``spec.api``, ``spec.search.beam_search``): src (B, S) -> tokens (B, L) NumPy int64."""
-    c, host = model.config, _host_ids(src, model.config)
+    c, host = model.config, host_ids(src, model.config)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
@@ -156,5 +157,5 @@ def _padded(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[ja
     get limit 1 (they stop after one step); the capacity, the bucket of the longest limit, holds every sequence."""
     c, (B, S) = model.config, src.shape
     Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(int(limits.max()), c.max_len)
-    return (_device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
+    return (device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
             jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)

@@ -32,9 +32,10 @@ import numpy as np
 import optax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.layers import Module
 from impl_jax.lm import LanguageModel
-from impl_jax.model import Ids, Transformer, _device_ids, _host_ids, log
+from impl_jax.model import Transformer, log
 from impl_jax.weights import canonical
 from spec import shapes, validate
 from spec import train_state_io as spec_io
@@ -163,14 +164,14 @@ def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax
     """``spec.validate.check_train_batch`` on host copies, then the ids as int32, padded to the forward's buckets:
     (Bb, Sb), (Bb, Tb) twice."""
     config = model.config
-    src_host, tgt_host, out_host = (_host_ids(src, config), _host_ids(tgt_in, config, "tgt_in"),
-                                    _host_ids(tgt_out, config, "tgt_out"))
+    src_host, tgt_host, out_host = (host_ids(src, config), host_ids(tgt_in, config, "tgt_in"),
+                                    host_ids(tgt_out, config, "tgt_out"))
     validate.check_train_batch(src_host, tgt_host, out_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
     Bb, Tb = shapes.batch_bucket(B), shapes.length_bucket(T, config.max_len)
-    return (_device_ids(src, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
-            _device_ids(tgt_in, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
-            _device_ids(tgt_out, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
+    return (device_ids(src, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
+            device_ids(tgt_in, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
+            device_ids(tgt_out, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
 
 
 def _lm_batch(model: LanguageModel, tokens: Ids) -> tuple[jax.Array, jax.Array]:
@@ -178,12 +179,12 @@ def _lm_batch(model: LanguageModel, tokens: Ids) -> tuple[jax.Array, jax.Array]:
     and targets ``tokens[:, 1:]`` as int32, padded to the forward's buckets: (Bb, Tb) twice."""
     config = model.config
     validate.check_model_kind(config, decoder_only=True)
-    host = _host_ids(tokens, config, "tokens")
+    host = host_ids(tokens, config, "tokens")
     validate.check_lm_batch(host, config)
     ids = tokens if isinstance(tokens, jax.core.Tracer) else host
     Bb, Tb = shapes.batch_bucket(host.shape[0]), shapes.length_bucket(host.shape[1] - 1, config.max_len)
-    return (_device_ids(ids[:, :-1], Bb, Tb, config.pad_id),
-            _device_ids(ids[:, 1:], Bb, Tb, config.pad_id))
+    return (device_ids(ids[:, :-1], Bb, Tb, config.pad_id),
+            device_ids(ids[:, 1:], Bb, Tb, config.pad_id))
 
 
 def _step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array

@@ -21,7 +21,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from impl_tf.model import IDS, KVCache, Transformer, _compiled, _decode, _device_ids, _encode, _host_ids, _init_cache
+from impl_tf.inputs import device_ids, host_ids
+from impl_tf.model import IDS, KVCache, Transformer, _compiled, _decode, _encode, _init_cache
 from spec import shapes, validate
 from spec.annotations import Int
 from spec.search import forbid_special, length_penalty
@@ -32,7 +33,7 @@ LIMITS = tf.TensorSpec([None], tf.int32)
 
 def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) -> Int[tf.Tensor, "B L"]:
     """Greedy decoding (section 6.1, ``spec.search``): -> tokens (B, L) int64, in evaluation mode (no dropout)."""
-    src, c = _host_ids(src), model.config
+    src, c = host_ids(src), model.config
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     args, size = _padded(model, src, limits)
@@ -78,7 +79,7 @@ class BeamState(NamedTuple):
 def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> Int[tf.Tensor, "B L"]:
     """Beam search (``spec.search``; paper: beam 4, alpha 0.6): -> tokens (B, L) int64, in evaluation mode."""
-    src, c = _host_ids(src), model.config
+    src, c = host_ids(src), model.config
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
@@ -163,6 +164,6 @@ def _padded(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[tu
             shapes.length_bucket(int(limits.max()), c.max_len))
     padded_limits = np.ones(size[0], np.int32)  # an added row stops after one token
     padded_limits[:len(limits)] = limits
-    return (_device_ids(src, *size[:2], c.pad_id), tf.constant(padded_limits),
+    return (device_ids(src, *size[:2], c.pad_id), tf.constant(padded_limits),
             tf.fill([size[0], size[2]], c.pad_id)), size
 

@@ -35,8 +35,9 @@ import numpy as np
 import tensorflow as tf
 
 from impl_tf import lm
+from impl_tf.inputs import device_ids, host_ids, stateless_seed
 from impl_tf.lm import LanguageModel, Model
-from impl_tf.model import Transformer, _compiled, _device_ids, _forward, _host_ids, _seed
+from impl_tf.model import Transformer, _compiled, _forward
 from spec import shapes, training, validate
 from spec import train_state_io as spec_io
 from spec.recording import recording
@@ -179,24 +180,24 @@ def adam_scalars(model: Model, state: TrainState) -> dict[str, tf.Tensor]:
 def _batch(model: Transformer, src, tgt_in, tgt_out) -> tuple[tuple[int, int, int], tuple[tf.Tensor, ...]]:
     """The spec's checks of a training batch on host copies, then (the buckets (Bb, Sb, Tb), the ids as int32
     padded to them with ``pad_id``: (Bb, Sb), (Bb, Tb), (Bb, Tb))."""
-    src, tgt_in, tgt_out = _host_ids(src), _host_ids(tgt_in, "tgt_in"), _host_ids(tgt_out, "tgt_out")
+    src, tgt_in, tgt_out = host_ids(src), host_ids(tgt_in, "tgt_in"), host_ids(tgt_out, "tgt_out")
     c = model.config
     validate.check_model_kind(c, decoder_only=False)
     validate.check_train_batch(src, tgt_in, tgt_out, c)
     (B, S), T = src.shape, tgt_in.shape[1]
     Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
-    return (Bb, Sb, Tb), (_device_ids(src, Bb, Sb, c.pad_id), _device_ids(tgt_in, Bb, Tb, c.pad_id),
-                          _device_ids(tgt_out, Bb, Tb, c.pad_id))
+    return (Bb, Sb, Tb), (device_ids(src, Bb, Sb, c.pad_id), device_ids(tgt_in, Bb, Tb, c.pad_id),
+                          device_ids(tgt_out, Bb, Tb, c.pad_id))
 
 
 def _lm_batch(model: LanguageModel, tokens) -> tuple[tuple[int, int], tuple[tf.Tensor]]:
     """The spec's checks of a next-token batch (B, T) on a host copy, then (the buckets (Bb, Tb), (the tokens as
     int32 (Bb, Tb) padded with ``pad_id``,))."""
-    tokens, c = _host_ids(tokens, "tokens"), model.config
+    tokens, c = host_ids(tokens, "tokens"), model.config
     validate.check_model_kind(c, decoder_only=True)
     validate.check_lm_batch(tokens, c)
     size = (shapes.batch_bucket(tokens.shape[0]), shapes.length_bucket(tokens.shape[1], c.max_len))
-    return size, (_device_ids(tokens, *size, c.pad_id),)
+    return size, (device_ids(tokens, *size, c.pad_id),)
 
 
 def _check_state(model: Model, state: TrainState) -> None:
@@ -215,7 +216,7 @@ def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.T
                label_smoothing: float, rng=None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """The entry points' (loss, {canonical name: gradient}) of a padded ``batch`` (``_inputs_targets``), by the program
     ``name`` for its buckets ``size``; ``rng`` as ``LanguageModel.forward``'s."""
-    seed = [] if rng is None else [_seed(rng)]
+    seed = [] if rng is None else [stateless_seed(rng)]
     fn = lambda batch, *args: _loss_and_gradients(model, *_inputs_targets(model, batch), *args)  # noqa: E731
     loss, grads = _compiled(model, name + (" with dropout" if seed else ""), fn, None, size)(
         batch, tf.constant(label_smoothing, tf.float32), *seed)

@@ -10,18 +10,9 @@ import torch
 from torch import Tensor
 
 import spec
+from impl_torch.inputs import Ids, device_ids, host_ids
 from impl_torch.layers import DTYPES
-from impl_torch.model import (
-    Decoder,
-    Ids,
-    KVCache,
-    TransformerBase,
-    _decode,
-    _device_ids,
-    _empty_cache,
-    _host_ids,
-    decode,
-)
+from impl_torch.model import Decoder, KVCache, TransformerBase, _decode, _empty_cache, decode
 from spec import validate
 from spec.annotations import Float
 from spec.config import Config
@@ -54,8 +45,8 @@ class LanguageModel(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_tokens``.
         """
-        validate.check_tokens("tokens", _host_ids(tokens, "tokens"), self.config)
-        tokens = _device_ids(tokens, self.embedding.device)
+        validate.check_tokens("tokens", host_ids(tokens, "tokens"), self.config)
+        tokens = device_ids(tokens, self.embedding.device)
         with recording() if intermediates else contextlib.nullcontext() as rec:
             logits = _decode(self, tokens, _init_cache(self, tokens.shape[0], tokens.shape[1]), rng)
         return (logits, rec) if intermediates else logits

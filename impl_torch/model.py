@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 import spec
+from impl_torch.inputs import Ids, device_ids, host_ids
 from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout
 from spec import validate
 from spec.annotations import Bool, Float
 from spec.config import Config
 from spec.recording import record, recording, scope
 
-Ids = Tensor | np.ndarray | Sequence[Sequence[int]]  # token ids (B, L), any integer dtype
 _TIED = {"embedding": "embedder.table", "position_embedding": "embedder.positions", "logits_bias": "embedder.bias"}
 
 
@@ -181,8 +181,8 @@ class Transformer(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_forward``.
         """
-        validate.check_forward(_host_ids(src), _host_ids(tgt_in, "tgt_in"), self.config)
-        src, tgt_in = _device_ids(src, self.embedding.device), _device_ids(tgt_in, self.embedding.device)
+        validate.check_forward(host_ids(src), host_ids(tgt_in, "tgt_in"), self.config)
+        src, tgt_in = device_ids(src, self.embedding.device), device_ids(tgt_in, self.embedding.device)
         # ``record`` is a no-op outside ``recording()``, so one code path serves both.
         with recording() if intermediates else contextlib.nullcontext() as rec:
             cache = _init_cache(self, _encode(self, src, rng), src, tgt_in.shape[1])
@@ -195,8 +195,8 @@ class Transformer(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_source``.
         """
-        validate.check_source(_host_ids(src), self.config)
-        return _encode(self, _device_ids(src, self.embedding.device))
+        validate.check_source(host_ids(src), self.config)
+        return _encode(self, device_ids(src, self.embedding.device))
 
     def init_cache(self, memory: Float[Tensor, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` target positions against ``memory`` (B, S, D) of ``src``.
@@ -204,9 +204,9 @@ class Transformer(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]).
         """
-        validate.check_source(_host_ids(src), self.config)
+        validate.check_source(host_ids(src), self.config)
         validate.check_capacity(capacity, self.config)
-        return _init_cache(self, memory, _device_ids(src, self.embedding.device), int(capacity))
+        return _init_cache(self, memory, device_ids(src, self.embedding.device), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
         """As the module function ``decode``."""
@@ -226,8 +226,8 @@ def decode(model: TransformerBase, tokens: Ids, cache: KVCache) -> tuple[Float[T
         raise ValueError("cache: consumed by an earlier decode, which wrote into its buffers; go on with the "
                          "cache that decode returned")
     B, P = cache.key_mask.shape
-    validate.check_decode(_host_ids(tokens, "tokens"), model.config, B, cache.length, P)
-    logits = _decode(model, _device_ids(tokens, model.embedding.device), cache)
+    validate.check_decode(host_ids(tokens, "tokens"), model.config, B, cache.length, P)
+    logits = _decode(model, device_ids(tokens, model.embedding.device), cache)
     after = dataclasses.replace(cache)           # the same buffers, a new owner
     vars(cache)["consumed"] = True               # not a field: the cache's fields stay spec.api's
     return logits, after
@@ -272,20 +272,6 @@ def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.G
     y, cache = model.decoder(y, cache, rng)
     y = y if at is None else y[:, at:at + 1]
     return record("logits", model.embedder.decode(record("decoder.out", y)))
-
-
-def _host_ids(ids: Ids, name: str = "src") -> np.ndarray:
-    """A NumPy host copy of token ids, for ``spec.validate`` (dtype kept, so a float array is reported; ragged
-    nested lists refused in the spec's words, naming ``name``)."""
-    if isinstance(ids, Tensor):
-        ids = ids.detach().cpu()
-        return (ids.float() if ids.dtype == torch.bfloat16 else ids).numpy()  # NumPy has no bf16
-    return validate.host_ids(name, ids)
-
-
-def _device_ids(ids: Ids, device: torch.device) -> Tensor:
-    """Validated token ids as an int64 tensor on ``device`` (NumPy arrays in any memory layout)."""
-    return torch.as_tensor(np.ascontiguousarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
 
 
 def _tied_once(model: TransformerBase, state: dict[str, Tensor], prefix: str, _: object) -> None:

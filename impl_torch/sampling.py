@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from impl_torch.inputs import Ids, device_ids, host_ids
 from impl_torch.lm import LanguageModel, _init_cache
-from impl_torch.model import Ids, _decode, _device_ids, _host_ids
+from impl_torch.model import _decode
 from spec import sampling, validate
 from spec.annotations import Float, Int
 
@@ -67,13 +68,13 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
             computed; from ``spec.validate.check_model_kind`` for an encoder-decoder model.
     """
     c = model.config
-    host = _host_ids(prompt, "prompt")
+    host = host_ids(prompt, "prompt")
     lengths = validate.check_prompt(host, c, max_new_tokens)
     sampling.check_sampling(temperature, top_k, top_p, seed)
     validate.check_model_kind(c, decoder_only=True)
     dev = model.embedding.device
     u = torch.as_tensor(sampling.uniforms(seed, len(lengths), int(max_new_tokens)), dtype=torch.float64, device=dev)
-    return _generate(model, _device_ids(host, dev), lengths, u, int(max_new_tokens), temperature, top_k, top_p)
+    return _generate(model, device_ids(host, dev), lengths, u, int(max_new_tokens), temperature, top_k, top_p)
 
 
 def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tensor, max_new: int,

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from impl_torch.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache
+from impl_torch.inputs import Ids, device_ids, host_ids
+from impl_torch.model import Transformer, _decode, _encode, _init_cache
 from spec import validate
 from spec.annotations import Int
 from spec.search import length_penalty
@@ -32,12 +33,12 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     Raises:
         ValueError: from ``spec.validate.check_source`` and ``spec.validate.generation_limits``.
     """
-    host = _host_ids(src)
+    host = host_ids(src)
     validate.check_source(host, model.config)
     limits = validate.generation_limits(host, model.config, max_new_tokens)
     dev = model.embedding.device
     out = torch.full((len(limits), int(limits.max())), model.config.pad_id, dtype=torch.long, device=dev)
-    return _greedy(model, _device_ids(src, dev), limits, out)
+    return _greedy(model, device_ids(src, dev), limits, out)
 
 
 def _greedy(model: Transformer, src: Tensor, limits: np.ndarray, out: Tensor) -> Tensor:
@@ -85,13 +86,13 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     Raises:
         ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
     """
-    host = _host_ids(src)
+    host = host_ids(src)
     validate.check_source(host, model.config)
     limits = validate.generation_limits(host, model.config, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
     penalties = torch.tensor([length_penalty(n, float(alpha)) for n in range(int(limits.max()) + 1)],
                              dtype=torch.float32, device=model.embedding.device)        # (L + 1,)
-    return _beam(model, _device_ids(src, model.embedding.device), limits, penalties, int(beam_size))
+    return _beam(model, device_ids(src, model.embedding.device), limits, penalties, int(beam_size))
 
 
 def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor, k: int) -> Tensor:

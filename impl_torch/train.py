@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.adam import adam
 
+from impl_torch.inputs import Ids, device_ids, host_ids
 from impl_torch.layers import to_array, to_tensor
 from impl_torch.lm import LanguageModel
-from impl_torch.model import Ids, Transformer, TransformerBase, _device_ids, _host_ids
+from impl_torch.model import Transformer, TransformerBase
 from spec import train_state_io as spec_io
 from spec import training, validate
 from spec.training import TrainConfig
@@ -201,17 +202,17 @@ def adam_update(params: dict[str, nn.Parameter], grads: dict[str, Tensor], state
 def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[Tensor, Tensor, Tensor]:
     """A training batch checked by ``spec.validate.check_train_batch`` on host copies, then as int64 tensors on
     the model's device: src (B, S), tgt_in (B, T), tgt_out (B, T)."""
-    validate.check_train_batch(_host_ids(src), _host_ids(tgt_in, "tgt_in"), _host_ids(tgt_out, "tgt_out"),
+    validate.check_train_batch(host_ids(src), host_ids(tgt_in, "tgt_in"), host_ids(tgt_out, "tgt_out"),
                                model.config)
     dev = model.embedding.device
-    return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
+    return device_ids(src, dev), device_ids(tgt_in, dev), device_ids(tgt_out, dev)
 
 
 def _lm_batch(model: LanguageModel, tokens: Ids) -> Tensor:
     """A next-token batch checked by ``spec.validate.check_lm_batch`` on a host copy, then as an int64 tensor
     (B, T) on the model's device."""
-    validate.check_lm_batch(_host_ids(tokens, "tokens"), model.config)
-    return _device_ids(tokens, model.embedding.device)
+    validate.check_lm_batch(host_ids(tokens, "tokens"), model.config)
+    return device_ids(tokens, model.embedding.device)
 
 
 def _check_state(model: TransformerBase, state: TrainState) -> None:

@@ -50,7 +50,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.nn.parallel import DistributedDataParallel
 
 import impl_torch
-from impl_torch.model import _device_ids, _host_ids
+from impl_torch.inputs import device_ids, host_ids
 from impl_torch.numerics import numerics_scope
 from impl_torch.train import adam_update, smoothed_loss
 from spec import data_parallel, data_parallel_cli, validate
@@ -104,7 +104,7 @@ class DataParallel:
             ValueError: from ``spec.validate.check_train_batch`` on the global batch, before anything is computed.
         """
         names = ("src", "tgt_in", "tgt_out")
-        validate.check_train_batch(*(_host_ids(ids, n) for ids, n in zip(batch, names, strict=True)), self.model.config)
+        validate.check_train_batch(*(host_ids(ids, n) for ids, n in zip(batch, names, strict=True)), self.model.config)
         n = data_parallel.token_count(batch[2], self.model.config.pad_id)   # N: the global batch's targets
         # This worker's forward and backward through DDP on its shard: its share ``sum_local / N``; DDP leaves the
         # global gradient (the all-reduced average of the workers' ``W * share``) in each parameter's ``.grad``.
@@ -162,7 +162,7 @@ class DataParallel:
         tgt_in and tgt_out (B/W, T) as int64 tensors on the model's device."""
         src, tgt_in, tgt_out = data_parallel.shard(batch, self.rank, self.world)
         dev = self.model.embedding.device
-        return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
+        return device_ids(src, dev), device_ids(tgt_in, dev), device_ids(tgt_out, dev)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -71,15 +71,14 @@ def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, out: jax.Arra
 
 
 class BeamState(NamedTuple):
-    """The live state of a beam search, per sequence (B) and beam (k): the last tokens (B, k), the alive
-    hypotheses (B, k, P) and their log-probabilities (B, k), the finished ones (B, k, P) and their normalised
-    scores (B, k), and the steps each sequence ran (B,)."""
-    tokens: jax.Array
-    alive_seq: jax.Array
-    alive_lp: jax.Array
-    fin_seq: jax.Array
-    fin_score: jax.Array
-    steps: jax.Array
+    """The live state of a beam search over B sources, k beams each, capacity P (the fields named as Flax's
+    ``decode.py`` names them)."""
+    tokens: jax.Array           # (B, k) int32: each live beam's last token
+    live_seqs: jax.Array        # (B, k, P) int32: the live hypotheses, pad-filled past their last token
+    live_logprobs: jax.Array    # (B, k) float32: their log-probabilities (-inf: not live)
+    finished_seqs: jax.Array    # (B, k, P) int32: the finished hypotheses, EOS included
+    finished_scores: jax.Array  # (B, k) float32: their length-penalised scores (-inf: an empty slot)
+    steps: jax.Array            # (B,) int32: the steps each source ran
 
 
 def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
@@ -118,19 +117,21 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, penalties: jax.
         logits, cache = _decode(model, s.tokens.reshape(B * k, 1), cache)                    # (B*k, 1, V)
         logp = jax.nn.log_softmax(logits[:, 0], axis=-1)                                      # fp32, over all of V
         logp = logp.at[..., special].set(-jnp.inf).reshape(B, k, V)
-        cand, top = lax.top_k((s.alive_lp[:, :, None] + logp).reshape(B, k * V), 2 * k)      # (B, 2k)
+        cand, top = lax.top_k((s.live_logprobs[:, :, None] + logp).reshape(B, k * V), 2 * k)      # (B, 2k)
         beam, tok = top // V, top % V
-        seq = take(s.alive_seq, beam).at[:, :, t].set(tok)                                   # (B, 2k, P)
+        seq = take(s.live_seqs, beam).at[:, :, t].set(tok)                                   # (B, 2k, P)
         is_eos = tok == c.eos_id
         alive_score = jnp.where(is_eos, ninf, cand)
         _, alive = lax.top_k(alive_score, k)                                                 # (B, k)
         rows = (jnp.arange(B)[:, None] * k + take(beam, alive)).reshape(B * k)
         cache = cache._replace(self_kv=jax.tree.map(lambda x: x[rows], cache.self_kv), key_mask=cache.key_mask[rows])
-        merged = jnp.concatenate([s.fin_score, jnp.where(is_eos, cand / penalties[t + 1], ninf)], axis=1)  # (B, 3k)
-        fin_score, keep = lax.top_k(merged, k)                                               # old before new on ties
-        new = BeamState(take(tok, alive), take(seq, alive), take(alive_score, alive),
-                        take(jnp.concatenate([s.fin_seq, seq], axis=1), keep), fin_score, jnp.full((B,), t + 1))
-        stop = (t + 1 == limits) | (new.fin_score.min(axis=1) >= new.alive_lp.max(axis=1) / penalties[limits])
+        new_scores = jnp.where(is_eos, cand / penalties[t + 1], ninf)                          # (B, 2k)
+        finished_scores, keep = lax.top_k(jnp.concatenate([s.finished_scores, new_scores], axis=1), k)  # old first
+        finished_seqs = take(jnp.concatenate([s.finished_seqs, seq], axis=1), keep)            # (B, k, P)
+        new = BeamState(take(tok, alive), take(seq, alive), take(alive_score, alive), finished_seqs, finished_scores,
+                        jnp.full((B,), t + 1))
+        best_reachable = new.live_logprobs.max(axis=1) / penalties[limits]                     # (B,)
+        stop = (t + 1 == limits) | (new.finished_scores.min(axis=1) >= best_reachable)
         s = jax.tree.map(lambda old, x: jnp.where(done.reshape((B,) + (1,) * (x.ndim - 1)), old, x), s, new)
         return t + 1, s, done | stop, cache
 
@@ -147,8 +148,8 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, penalties: jax.
     cache = cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
                            memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
     _, s, _, _ = lax.while_loop(running, step, (jnp.zeros((), jnp.int32), s, jnp.zeros((B,), bool), cache))
-    finished = jnp.isfinite(s.fin_score[:, 0])                        # else: the best alive hypothesis
-    best = jnp.where(finished[:, None], s.fin_seq[:, 0], s.alive_seq[:, 0])          # (B, P)
+    finished = jnp.isfinite(s.finished_scores[:, 0])                        # else: the best alive hypothesis
+    best = jnp.where(finished[:, None], s.finished_seqs[:, 0], s.live_seqs[:, 0])          # (B, P)
     return best, jnp.where(finished, jnp.argmax(best == c.eos_id, axis=1) + 1, s.steps)
 
 

@@ -63,17 +63,18 @@ def _greedy(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tenso
 
 
 class BeamState(NamedTuple):
-    """The beam search's loop state, for B sources of k beams each, capacity P."""
+    """The beam search's loop state, for B sources of k beams each, capacity P (the fields named as Flax's
+    ``decode.py`` names them)."""
 
-    t: tf.Tensor          # () int32: the step about to run, from 1
-    tokens: tf.Tensor     # (B k,) int32: each alive beam's last token
-    active: tf.Tensor     # (B,) bool: the source is still searching
-    steps: tf.Tensor      # (B,) int32: steps each source ran
-    alive_seq: tf.Tensor  # (B, k, P) int32, pad-filled past the last token
-    alive_lp: tf.Tensor   # (B, k) float32: log-probabilities
-    fin_seq: tf.Tensor    # (B, k, P) int32: finished hypotheses
-    fin_score: tf.Tensor  # (B, k) float32: their length-penalised scores, -inf where none
-    cache: KVCache        # (B k) rows: source b at b*k..b*k+k-1
+    t: tf.Tensor                # () int32: the step about to run, from 1
+    tokens: tf.Tensor           # (B k,) int32: each alive beam's last token
+    active: tf.Tensor           # (B,) bool: the source is still searching
+    steps: tf.Tensor            # (B,) int32: steps each source ran
+    live_seqs: tf.Tensor        # (B, k, P) int32, pad-filled past the last token
+    live_logprobs: tf.Tensor    # (B, k) float32: log-probabilities
+    finished_seqs: tf.Tensor    # (B, k, P) int32: finished hypotheses
+    finished_scores: tf.Tensor  # (B, k) float32: their length-penalised scores, -inf where none
+    cache: KVCache              # (B k) rows: source b at b*k..b*k+k-1
 
 
 def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
@@ -88,13 +89,13 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     penalties = tf.constant([length_penalty(n, alpha) for n in range(size[2] + 1)], tf.float32)  # (P + 1,)
     loop = _compiled(model, f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
                      [IDS, LIMITS, tf.TensorSpec([None], tf.float32)], size)
-    fin_seq, fin_score, alive_seq, steps = (x.numpy() for x in loop(padded_src, padded_limits, penalties))
+    finished_seqs, finished_scores, live_seqs, steps = (x.numpy() for x in loop(padded_src, padded_limits, penalties))
     rows = []
     for b in range(len(limits)):
-        if np.isfinite(fin_score[b, 0]):
-            rows.append(fin_seq[b, 0, :np.flatnonzero(fin_seq[b, 0] == c.eos_id)[0] + 1])
+        if np.isfinite(finished_scores[b, 0]):
+            rows.append(finished_seqs[b, 0, :np.flatnonzero(finished_seqs[b, 0] == c.eos_id)[0] + 1])
         else:
-            rows.append(alive_seq[b, :steps[b]])
+            rows.append(live_seqs[b, :steps[b]])
     out = np.full((len(rows), max(len(r) for r in rows)), c.pad_id, np.int64)
     for b, r in enumerate(rows):
         out[b, :len(r)] = r
@@ -119,40 +120,41 @@ def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, penalties: tf.T
     state = BeamState(
         t=tf.constant(1), tokens=tf.fill([B * k], c.bos_id), active=tf.ones([B], tf.bool),
         steps=tf.zeros([B], tf.int32),
-        alive_seq=tf.tile(seq[:, None], [1, k, 1]), alive_lp=tf.tile([[0.0] + [NEG_INF] * (k - 1)], [B, 1]),
-        fin_seq=tf.tile(seq[:, None], [1, k, 1]), fin_score=tf.fill([B, k], NEG_INF), cache=cache)
+        live_seqs=tf.tile(seq[:, None], [1, k, 1]), live_logprobs=tf.tile([[0.0] + [NEG_INF] * (k - 1)], [B, 1]),
+        finished_seqs=tf.tile(seq[:, None], [1, k, 1]), finished_scores=tf.fill([B, k], NEG_INF), cache=cache)
 
     def step(s: BeamState) -> BeamState:
         logits, cache = _decode(model, s.tokens[:, None], s.cache)                            # (B k, 1, V)
         z = logits[:, 0] - tf.reduce_max(logits[:, 0], axis=-1, keepdims=True)               # log-softmax over V
         logp = tf.where(special, NEG_INF, z - tf.math.log(tf.reduce_sum(tf.exp(z), axis=-1, keepdims=True)))
-        cand = s.alive_lp[:, :, None] + tf.reshape(logp, [B, k, V])                           # (B, k, V)
+        cand = s.live_logprobs[:, :, None] + tf.reshape(logp, [B, k, V])                           # (B, k, V)
         cand, top = tf.math.top_k(tf.reshape(cand, [B, k * V]), 2 * k)                       # (B, 2k) lower index first
         beam, tok = top // V, top % V
-        seq = tf.gather(s.alive_seq, beam, batch_dims=1)                                     # (B, 2k, P)
+        seq = tf.gather(s.live_seqs, beam, batch_dims=1)                                     # (B, 2k, P)
         seq = tf.where(tf.range(P) == s.t - 1, tok[:, :, None], seq)                         # seq[..., t-1] = tok
         is_eos = tok == c.eos_id
 
-        alive_lp, alive = tf.math.top_k(tf.where(is_eos, NEG_INF, cand), k)                 # (B, k)
+        live_logprobs, alive = tf.math.top_k(tf.where(is_eos, NEG_INF, cand), k)                 # (B, k)
         rows = tf.reshape(tf.range(B)[:, None] * k + tf.gather(beam, alive, batch_dims=1), [-1])
         new_score = tf.where(is_eos, cand / penalties[s.t], NEG_INF)                       # (B, 2k)
-        fin_score, keep = tf.math.top_k(tf.concat([s.fin_score, new_score], 1), k)          # old before new on ties
-        fin_seq = tf.gather(tf.concat([s.fin_seq, seq], 1), keep, batch_dims=1)
+        finished_scores, keep = tf.math.top_k(tf.concat([s.finished_scores, new_score], 1), k)  # old first on ties
+        finished_seqs = tf.gather(tf.concat([s.finished_seqs, seq], 1), keep, batch_dims=1)
 
-        stop = (s.t >= limits) | (tf.reduce_min(fin_score, 1) >= tf.reduce_max(alive_lp, 1) / limit_penalty)
+        stop = (s.t >= limits) | (tf.reduce_min(finished_scores, 1) >= tf.reduce_max(live_logprobs, 1) / limit_penalty)
         on = s.active
         keep_on = lambda new, old: tf.where(tf.reshape(on, [-1] + [1] * (new.shape.rank - 1)), new, old)  # noqa: E731
         # beams of one source share its memory rows: only the self-attention part of the cache is reordered
         return BeamState(t=s.t + 1, tokens=tf.reshape(tf.gather(tok, alive, batch_dims=1), [-1]), active=on & ~stop,
                          steps=tf.where(on, s.t, s.steps),
-                         alive_seq=keep_on(tf.gather(seq, alive, batch_dims=1), s.alive_seq),
-                         alive_lp=keep_on(alive_lp, s.alive_lp), fin_seq=keep_on(fin_seq, s.fin_seq),
-                         fin_score=keep_on(fin_score, s.fin_score),
+                         live_seqs=keep_on(tf.gather(seq, alive, batch_dims=1), s.live_seqs),
+                         live_logprobs=keep_on(live_logprobs, s.live_logprobs),
+                         finished_seqs=keep_on(finished_seqs, s.finished_seqs),
+                         finished_scores=keep_on(finished_scores, s.finished_scores),
                          cache=cache._replace(self_kv=take(cache.self_kv, rows),
                                               key_mask=tf.gather(cache.key_mask, rows)))
 
     s = tf.while_loop(lambda s: (s.t <= P) & tf.reduce_any(s.active), lambda s: (step(s),), (state,))[0]
-    return s.fin_seq, s.fin_score, s.alive_seq[:, 0], s.steps
+    return s.finished_seqs, s.finished_scores, s.live_seqs[:, 0], s.steps
 
 
 def _padded(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[tuple[tf.Tensor, ...], tuple[int, ...]]:

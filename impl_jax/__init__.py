@@ -35,7 +35,7 @@ Every entry point raises ``ValueError`` (the spec's messages, ``spec.validate``)
 on bad input before anything is computed.
 """
 
-from impl_jax import layers, lm, model, numerics, sampling, search, train, weights
+from impl_jax import inputs, layers, lm, model, numerics, sampling, search, train, weights
 from impl_jax.lm import LanguageModel
 from impl_jax.model import KVCache, Transformer
 from impl_jax.numerics import XLA_OPTIONS
@@ -57,7 +57,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "KVCache", "LanguageModel", "TrainState", "Transformer", "XLA_OPTIONS", "__version__", "beam_search",
-    "from_params", "generate", "greedy_search", "init_train_state", "layers", "lm", "lm_loss_and_gradients",
+    "from_params", "generate", "greedy_search", "init_train_state", "inputs", "layers", "lm", "lm_loss_and_gradients",
     "lm_train_step", "load_train_state", "load_weights", "loss_and_gradients", "model", "numerics", "params_of",
     "sampling", "save_train_state", "save_weights", "search", "train", "train_step", "weights",
 ]

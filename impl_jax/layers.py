@@ -95,7 +95,7 @@ class Embedder(Module):
     bias: jax.Array | None                                        # (V,)
     config: Config = dataclasses.field(metadata={"static": True})
 
-    def __init__(self, params: dict[str, jax.Array], config: Config):
+    def __init__(self, config: Config, params: dict[str, jax.Array]):
         vars(self).update(table=params["embedding"], positions=params.get("position_embedding"),
                           bias=params.get("logits_bias"), config=config)
 
@@ -145,9 +145,10 @@ class MultiHeadAttention(Module):
     w_o: jax.Array                                                    # (H, C, D)
     b_o: jax.Array | None                                             # (D,)
 
-    def __init__(self, params: dict[str, jax.Array], name: str):
+    def __init__(self, config: Config, params: dict[str, jax.Array], name: str):
         vars(self).update({w: params[f"{name}.{w}"] for w in ("w_q", "w_k", "w_v", "w_o")})
-        vars(self).update({b: params.get(f"{name}.{b}") for b in ("b_q", "b_k", "b_v", "b_o")})
+        vars(self).update({b: params[f"{name}.{b}"] if config.attention_bias else None
+                           for b in ("b_q", "b_k", "b_v", "b_o")})
 
     def project_kv(self, x: jax.Array) -> KV:
         """Keys and values of x (B, M, D), heads-major as the KV cache holds them: k (B, H, M, K), v (B, H, M, C)."""
@@ -160,7 +161,7 @@ class MultiHeadAttention(Module):
         the encoder output's) under mask (B|1, 1, L|1, M) -> (B, L, D)."""
         q = numerics.linear(x, self.w_q, self.b_q)                    # (B, L, H, K)
         o = scaled_dot_product_attention(q, *kv, mask)                # (B, L, H, C)
-        return numerics.linear(o.reshape(*o.shape[:2], -1), self.w_o.reshape(-1, self.w_o.shape[-1]), self.b_o)
+        return numerics.linear(o, self.w_o, self.b_o, n_in=2)        # (B, L, D)
 
 
 def activation(h: jax.Array, name: str) -> jax.Array:
@@ -192,8 +193,8 @@ class FeedForward(Module):
     b_2: jax.Array                                                    # (D,)
     act: str = dataclasses.field(metadata={"static": True})
 
-    def __init__(self, params: dict[str, jax.Array], name: str, act: str):
-        vars(self).update({w: params[f"{name}.{w}"] for w in ("w_1", "b_1", "w_2", "b_2")}, act=act)
+    def __init__(self, config: Config, params: dict[str, jax.Array], name: str):
+        vars(self).update({w: params[f"{name}.{w}"] for w in ("w_1", "b_1", "w_2", "b_2")}, act=config.activation)
 
     def forward(self, x: jax.Array) -> jax.Array:
         """x (B, L, D) -> (B, L, D); the hidden layer (B, L, F)."""
@@ -208,8 +209,8 @@ class LayerNorm(Module):
     bias: jax.Array                                                   # (D,)
     eps: float = dataclasses.field(metadata={"static": True})
 
-    def __init__(self, params: dict[str, jax.Array], name: str, eps: float):
-        vars(self).update(scale=params[f"{name}.scale"], bias=params[f"{name}.bias"], eps=eps)
+    def __init__(self, config: Config, params: dict[str, jax.Array], name: str):
+        vars(self).update(scale=params[f"{name}.scale"], bias=params[f"{name}.bias"], eps=config.layer_norm_eps)
 
     def forward(self, x: jax.Array) -> jax.Array:
         """x (..., D) -> (..., D)."""
@@ -230,8 +231,8 @@ class EncoderLayer(Module):
     ffn: FeedForward
     ffn_norm: LayerNorm
 
-    def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
-        vars(self).update(_sublayers(params, name, config, ("self_attn",)))
+    def __init__(self, config: Config, params: dict[str, jax.Array], name: str):
+        vars(self).update(_sublayers(config, params, name, ("self_attn",)))
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D), key padding mask (B, 1, 1, S); dropout (section 5.4) from ``rng`` -> (B, S, D)."""
@@ -257,9 +258,9 @@ class DecoderLayer(Module):
     ffn: FeedForward
     ffn_norm: LayerNorm
 
-    def __init__(self, params: dict[str, jax.Array], name: str, config: Config):
+    def __init__(self, config: Config, params: dict[str, jax.Array], name: str):
         attentions = ("self_attn",) if config.decoder_only else ("self_attn", "cross_attn")
-        vars(self).update({"cross_attn": None, "cross_attn_norm": None} | _sublayers(params, name, config, attentions))
+        vars(self).update({"cross_attn": None, "cross_attn_norm": None} | _sublayers(config, params, name, attentions))
 
     def forward(self, y: jax.Array, self_kv: KV, self_mask: jax.Array, memory_kv: KV | None,
                 memory_mask: jax.Array | None, start: jax.Array | int, rng: jax.Array | None = None
@@ -284,12 +285,12 @@ class DecoderLayer(Module):
         return record("ffn.residual", y if pre else self.ffn_norm(y)), self_kv
 
 
-def _sublayers(params: dict[str, jax.Array], name: str, config: Config, attentions: tuple[str, ...]) -> dict:
+def _sublayers(config: Config, params: dict[str, jax.Array], name: str, attentions: tuple[str, ...]) -> dict:
     """The fields of the layer ``name`` (section 3.1): ``config``, each of its ``attentions`` and its LayerNorm, then
     the FFN and its LayerNorm."""
-    eps, fields = config.layer_norm_eps, {"config": config}
+    fields = {"config": config}
     for a in attentions:
-        fields[a] = MultiHeadAttention(params, f"{name}.{a}")
-        fields[f"{a}_norm"] = LayerNorm(params, f"{name}.{a}_norm", eps)
-    return fields | {"ffn": FeedForward(params, f"{name}.ffn", config.activation),
-                     "ffn_norm": LayerNorm(params, f"{name}.ffn_norm", eps)}
+        fields[a] = MultiHeadAttention(config, params, f"{name}.{a}")
+        fields[f"{a}_norm"] = LayerNorm(config, params, f"{name}.{a}_norm")
+    return fields | {"ffn": FeedForward(config, params, f"{name}.ffn"),
+                     "ffn_norm": LayerNorm(config, params, f"{name}.ffn_norm")}

@@ -18,8 +18,9 @@ from typing import Any
 import jax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.layers import Embedder, Module
-from impl_jax.model import Decoder, Ids, KVCache, _decode, _device_ids, _empty_cache, _host_ids, _weights, decode, log
+from impl_jax.model import Decoder, KVCache, _decode, _empty_cache, _weights, decode, log
 from spec import shapes, validate
 from spec.config import Config
 from spec.recording import recording
@@ -38,16 +39,16 @@ class LanguageModel(Module):
     def __init__(self, config: Config, seed: int = 0, *, params: dict[str, Any] | None = None):
         validate.check_model_kind(config, decoder_only=True)
         params = _weights(config, seed, params)
-        vars(self).update(embedder=Embedder(params, config), decoder=Decoder(params, config), config=config)
+        vars(self).update(embedder=Embedder(config, params), decoder=Decoder(config, params), config=config)
 
     def forward(self, tokens: Ids, intermediates: bool = False, *, rng: jax.Array | None = None):
         """tokens (B, T) int -> logits (B, T, V) float32, or with ``intermediates`` ``(logits, {name:
         jax.Array})``; dropout from a PRNG key ``rng`` (training)."""
         c = self.config
-        host = _host_ids(tokens, c, "tokens")
+        host = host_ids(tokens, c, "tokens")
         validate.check_tokens("tokens", host, c)
         B, T = host.shape
-        tokens = _device_ids(tokens, host, shapes.batch_bucket(B), shapes.length_bucket(T, c.max_len), c.pad_id)
+        tokens = device_ids(tokens, shapes.batch_bucket(B), shapes.length_bucket(T, c.max_len), c.pad_id)
         logits, rec = _forward(self, tokens, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
@@ -57,7 +58,7 @@ class LanguageModel(Module):
         """An empty ``KVCache`` of exactly ``capacity`` positions (not bucketed) for ``batch`` sequences, ``memory_kv``
         ``()`` and ``memory_mask`` None."""
         validate.check_cache_size(batch, capacity, self.config)
-        return _empty_cache(self.config, int(batch), int(capacity))
+        return _empty_cache(self, int(batch), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache)
@@ -74,5 +75,5 @@ def _forward(model: LanguageModel, tokens: jax.Array, intermediates: bool, rng: 
              ", with intermediates" if intermediates else "")
     model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
     with recording() as rec:  # at trace time, into this trace's own dict (as ``impl_jax.model._forward``)
-        logits, _ = _decode(model, tokens, _empty_cache(c, *tokens.shape), rng)
+        logits, _ = _decode(model, tokens, _empty_cache(model, *tokens.shape), rng)
     return logits, rec if intermediates else {}

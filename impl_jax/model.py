@@ -25,17 +25,15 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.layers import KV, DecoderLayer, Embedder, EncoderLayer, LayerNorm, Module, dropout, split
 from spec import shapes, validate
 from spec.config import Config
 from spec.init import init_params
 from spec.recording import record, recording, scope
-
-Ids = Any  # token ids (B, L): a nested list, a NumPy array, a jax.Array, or a tracer inside the caller's jit
 
 log = logging.getLogger("impl_jax")
 
@@ -62,9 +60,9 @@ def key_padding_mask(ids: jax.Array, pad_id: int) -> jax.Array:
 
 
 def causal_mask(start: jax.Array | int, n: int, capacity: int) -> jax.Array:
-    """(1, 1, n, P) bool: the query at position start+i may attend key j <= start+i (section 3.2.3)."""
+    """(n, capacity) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
     q_pos = start + jnp.arange(n)[:, None]                 # (n, 1)
-    return (jnp.arange(capacity)[None, :] <= q_pos)[None, None]
+    return jnp.arange(capacity)[None, :] <= q_pos
 
 
 class Stack(Module):
@@ -75,18 +73,18 @@ class Stack(Module):
     final_norm: LayerNorm | None
     config: Config = dataclasses.field(metadata={"static": True})
 
-    def __init__(self, params: dict[str, jax.Array], config: Config, layer: type[Module], name: str, n: int):
+    def __init__(self, config: Config, params: dict[str, jax.Array], layer: type[Module], name: str, n: int):
         vars(self).update(
-            layers=tuple(layer(params, f"{name}.layers.{i}", config) for i in range(n)),
-            final_norm=LayerNorm(params, f"{name}.final_norm", config.layer_norm_eps) if config.norm_first else None,
+            layers=tuple(layer(config, params, f"{name}.layers.{i}") for i in range(n)),
+            final_norm=LayerNorm(config, params, f"{name}.final_norm") if config.norm_first else None,
             config=config)
 
 
 class Encoder(Stack):
     """The encoder stack (section 3.1): N ``EncoderLayer``s, then a final LayerNorm when pre-LN."""
 
-    def __init__(self, params: dict[str, jax.Array], config: Config):
-        super().__init__(params, config, EncoderLayer, "encoder", config.n_encoder_layers)
+    def __init__(self, config: Config, params: dict[str, jax.Array]):
+        super().__init__(config, params, EncoderLayer, "encoder", config.n_encoder_layers)
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D): the source embeddings (section 3.4, after their dropout); mask (B, 1, 1, S) key padding;
@@ -102,14 +100,14 @@ class Encoder(Stack):
 class Decoder(Stack):
     """The decoder stack (section 3.1): N ``DecoderLayer``s over a KV cache, then a final LayerNorm when pre-LN."""
 
-    def __init__(self, params: dict[str, jax.Array], config: Config):
-        super().__init__(params, config, DecoderLayer, "decoder", config.n_decoder_layers)
+    def __init__(self, config: Config, params: dict[str, jax.Array]):
+        super().__init__(config, params, DecoderLayer, "decoder", config.n_decoder_layers)
 
     def forward(self, y: jax.Array, cache: KVCache, rng: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
         """y (B, n, D): the target embeddings of positions ``cache.length ..`` (after their dropout), which
         ``cache.key_mask`` already covers; the sublayers' dropout from ``rng`` -> (h (B, n, D), the updated cache)."""
         start, n, capacity = cache.length, y.shape[1], cache.key_mask.shape[1]
-        self_mask = causal_mask(start, n, capacity) & cache.key_mask[:, None, None, :]   # (B, 1, n, P)
+        self_mask = causal_mask(start, n, capacity)[None, None] & cache.key_mask[:, None, None, :]  # (B, 1, n, P)
         memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         self_kv = []
         for i, (layer, key) in enumerate(zip(self.layers, split(rng, len(self.layers)), strict=True)):
@@ -141,19 +139,19 @@ class Transformer(Module):
     def __init__(self, config: Config, seed: int = 0, *, params: dict[str, Any] | None = None):
         validate.check_model_kind(config, decoder_only=False)
         params = _weights(config, seed, params)
-        vars(self).update(embedder=Embedder(params, config), encoder=Encoder(params, config),
-                          decoder=Decoder(params, config), config=config)
+        vars(self).update(embedder=Embedder(config, params), encoder=Encoder(config, params),
+                          decoder=Decoder(config, params), config=config)
 
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False, *, rng: jax.Array | None = None):
         """Teacher-forced forward (section 3): src (B, S), tgt_in (B, T) int -> logits (B, T, V) float32, or with
         ``intermediates`` ``(logits, {name: jax.Array})``; dropout from a PRNG key ``rng`` (training)."""
         c = self.config
-        src_host, tgt_host = _host_ids(src, c), _host_ids(tgt_in, c, "tgt_in")
+        src_host, tgt_host = host_ids(src, c), host_ids(tgt_in, c, "tgt_in")
         validate.check_forward(src_host, tgt_host, c)
         (B, S), T = src_host.shape, tgt_host.shape[1]
         Bb = shapes.batch_bucket(B)
-        src = _device_ids(src, src_host, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
-        tgt_in = _device_ids(tgt_in, tgt_host, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
+        src = device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
+        tgt_in = device_ids(tgt_in, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
         logits, rec = _forward(self, src, tgt_in, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
@@ -163,22 +161,22 @@ class Transformer(Module):
     def encode(self, src: Ids) -> jax.Array:
         """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D) in ``config.dtype``."""
         c = self.config
-        host = _host_ids(src, c)
+        host = host_ids(src, c)
         validate.check_source(host, c)
         B, S = host.shape
-        src = _device_ids(src, host, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
+        src = device_ids(src, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
         return _compiled(_encode, self, src)[:B, :S]
 
     def init_cache(self, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
         """An empty ``KVCache`` of exactly ``capacity`` positions (not bucketed) for ``memory`` (B, S, D) of
         ``src`` (B, S); the cross-attention K/V of ``memory`` computed here, once (section 3.2.3)."""
         c = self.config
-        host = _host_ids(src, c)
+        host = host_ids(src, c)
         validate.check_source(host, c)
         validate.check_capacity(capacity, c)
         if tuple(memory.shape) != (*host.shape, c.d_model):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {host.shape} and d_model")
-        src = _device_ids(src, host, *host.shape, c.pad_id)
+        src = device_ids(src, *host.shape, c.pad_id)
         return _compiled(_init_cache, self, memory, src, capacity=int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
@@ -192,10 +190,10 @@ def decode(model: Module, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCac
     (B, n) at ``cache.length ..`` -> (logits (B, n, V) float32, the new cache); inside the caller's jit (a traced
     ``cache.length``) the capacity is checked as if the cache were empty."""
     c = model.config
-    host = _host_ids(tokens, c, "tokens")
+    host = host_ids(tokens, c, "tokens")
     length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
     validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
-    return _compiled(_decode, model, _device_ids(tokens, host, *host.shape, c.pad_id), cache)
+    return _compiled(_decode, model, device_ids(tokens, *host.shape, c.pad_id), cache)
 
 
 # ----------------------------------------------------------------- unchecked internals (validated, bucketed ids)
@@ -209,10 +207,11 @@ def _encode(model: Transformer, src: jax.Array, rng: jax.Array | None = None) ->
     return model.encoder(x, mask, rng)
 
 
-def _empty_cache(c: Config, batch: int, capacity: int) -> KVCache:
+def _empty_cache(model: Module, batch: int, capacity: int) -> KVCache:
     """An empty ``KVCache`` of static ``batch`` and ``capacity`` without cross-attention K/V (a decoder-only
     model's). On the CPU a bf16 cache holds its keys and values in fp32 (the same values): XLA's CPU backend has no
     bf16 x bf16 -> fp32 batched dot and would convert the cache at every step."""
+    c = model.config
     dt = jnp.float32 if c.dtype == "bfloat16" and jax.default_backend() == "cpu" else jnp.dtype(c.dtype)
     empty = (jnp.zeros((batch, c.n_heads, capacity, c.d_k), dt), jnp.zeros((batch, c.n_heads, capacity, c.d_v), dt))
     return KVCache(tuple(empty for _ in range(c.n_decoder_layers)), jnp.zeros((batch, capacity), bool), (), None,
@@ -222,7 +221,7 @@ def _empty_cache(c: Config, batch: int, capacity: int) -> KVCache:
 def _init_cache(model: Transformer, memory: jax.Array, src: jax.Array, capacity: int) -> KVCache:
     """Traced, on the model's weights as they are: ``_empty_cache`` of static ``capacity`` with the cross-attention
     K/V of ``memory`` (B, S, D), in the cache's dtype."""
-    cache = _empty_cache(model.config, memory.shape[0], capacity)
+    cache = _empty_cache(model, memory.shape[0], capacity)
     memory_kv = tuple(tuple(t.astype(cache.self_kv[0][0].dtype) for t in layer.cross_attn.project_kv(memory))
                       for layer in model.decoder.layers)
     return cache._replace(memory_kv=memory_kv, memory_mask=key_padding_mask(src, model.config.pad_id))
@@ -244,27 +243,6 @@ def _decode(model: Module, tokens: jax.Array, cache: KVCache, rng: jax.Array | N
 def _weights(config: Config, seed: int, params: dict[str, Any] | None) -> dict[str, jax.Array]:
     """A model's weights on the device: ``params`` as they are, else ``spec.init_params(config, seed)``."""
     return {name: jnp.asarray(x) for name, x in (init_params(config, seed) if params is None else params).items()}
-
-
-def _host_ids(ids: Ids, config: Config, name: str = "src") -> np.ndarray:
-    """Token ids as NumPy for ``spec.validate``: a host copy of concrete ids (ragged nested lists refused in the
-    spec's words, naming ``name``); for a tracer (the caller's jit), a read-only stand-in of its shape and dtype
-    holding a valid non-pad id, so the checks of rank, shape and dtype run and the value checks (id range,
-    all-padding rows) pass."""
-    if isinstance(ids, jax.core.Tracer):
-        return np.broadcast_to(np.asarray(config.eos_id).astype(ids.dtype), ids.shape)
-    return validate.host_ids(name, ids)
-
-
-def _device_ids(ids: Ids, host: np.ndarray, batch: int, length: int, pad_id: int) -> jax.Array:
-    """Validated ids (B, L) as int32 (batch, length), the new rows and positions ``pad_id`` (concrete ids padded
-    on the host: no XLA program per shape). Padding leaves every real result as it was (up to the order of fp32
-    sums): padded source keys are masked, padded target positions come after the real ones (causal), added rows
-    attend uniformly over masked keys (finite) and are dropped."""
-    if isinstance(ids, jax.core.Tracer):
-        widths = ((0, batch - host.shape[0]), (0, length - host.shape[1]))
-        return jnp.pad(ids.astype(jnp.int32), widths, constant_values=pad_id)
-    return jnp.asarray(shapes.pad_ids(host, batch, length, pad_id))
 
 
 # ----------------------------------------------------------------- the compiled programs

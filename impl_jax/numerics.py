@@ -46,18 +46,18 @@ def round_to(p: jax.Array, dtype: str) -> jax.Array:
 round_to.defvjp(lambda p, dtype: (round_to(p, dtype), None), lambda dtype, _, g: (g,))
 
 
-def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:
-    """x (..., N) times w (N, *O) plus bias (*O) -> (..., *O) in x's dtype: ``matmul_f32``'s numerics, the bias
-    added in fp32, rounded once (rule 2).
+def linear(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, n_in: int = 1) -> jax.Array:
+    """x (..., *I) times w (*I, *O) over the last ``n_in`` axes of x, plus bias (*O) -> (..., *O) in x's dtype:
+    ``matmul_f32``'s numerics, the bias added in fp32, rounded once (rule 2).
 
     One 2-D product of the flattened operands: an einsum keeping the head axes (``bsd,dhk->bhsk``) let XLA's
     layout assignment transpose the weight on every call; this reads it as stored.
     """
-    lead, n = x.shape[:-1], w.shape[0]
+    lead, n = x.shape[:x.ndim - n_in], math.prod(w.shape[:n_in])
     y = matmul_f32("mi,io->mo", x.reshape(-1, n), w.reshape(n, -1))    # (rows, O) fp32
     if bias is not None:
         y = y + bias.reshape(-1)                                        # fp32
-    return y.astype(x.dtype).reshape(*lead, *w.shape[1:])
+    return y.astype(x.dtype).reshape(*lead, *w.shape[n_in:])
 
 
 def logits(x: jax.Array, table: jax.Array, bias: jax.Array | None = None) -> jax.Array:

@@ -16,16 +16,15 @@ decoded), then sets the cache's length back to that length: one program for ever
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.lm import LanguageModel
-from impl_jax.model import Ids, _decode, _device_ids, _empty_cache, _host_ids, log
+from impl_jax.model import _decode, _empty_cache, log
 from spec import sampling, shapes, validate
 
 F32 = jnp.float32
@@ -62,29 +61,28 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
     NumPy int64."""
     c = model.config
     validate.check_model_kind(c, decoder_only=True)
-    host = _host_ids(prompt, c, "prompt")
+    host = host_ids(prompt, c, "prompt")
     lengths = validate.check_prompt(host, c, max_new_tokens)
     sampling.check_sampling(temperature, top_k, top_p, seed)
     (B, _), L = host.shape, int(lengths.max())
     Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(L + max_new_tokens, c.max_len)
     u = np.zeros((Bb, capacity), np.float32)
     u[:B, :max_new_tokens] = sampling.uniforms(seed, B, max_new_tokens)
-    prompt = _device_ids(host[:, :L], host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
+    prompt = device_ids(host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
     top_k = c.vocab_size if top_k is None else min(top_k, c.vocab_size)
-    scalars = (np.int32(lengths.min()), np.int32(max_new_tokens), np.float32(temperature), np.int32(top_k),
-               _at_least(top_p))
-    out = _generate(model, prompt, np.pad(lengths, (0, Bb - B)).astype(np.int32), u, *scalars, capacity=capacity)
+    scalars = (np.int32(max_new_tokens), np.float32(temperature), np.int32(top_k), _at_least(top_p))
+    out = _generate(model, prompt, np.pad(lengths, (0, Bb - B)).astype(np.int32), u, *scalars)
     out = np.asarray(out)[:B].astype(np.int64)
     return out[:, :int((out != c.pad_id).sum(axis=1).max())]
 
 
-@functools.partial(numerics.jit, static_argnames=("capacity",))
-def _generate(model: LanguageModel, prompt: jax.Array, lengths: jax.Array, u: jax.Array, first: jax.Array,
-              max_new: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, capacity: int
-              ) -> jax.Array:
-    """The loop of ``generate``: prompt (B, L) on the buckets, lengths (B,) (0: an added row), u (B, P), the
-    shortest length ``first`` and the sampling arguments as scalars -> tokens (B, P), right-padded."""
-    c, (B, L), rows = model.config, prompt.shape, jnp.arange(prompt.shape[0])
+@numerics.jit
+def _generate(model: LanguageModel, prompt: jax.Array, lengths: jax.Array, u: jax.Array, max_new: jax.Array,
+              temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """The loop of ``generate``: prompt (B, L) on the buckets, lengths (B,) (0: an added row), uniforms u (B, P)
+    whose P fixes the capacity, the sampling arguments as scalars -> tokens (B, P), right-padded."""
+    c, (B, L), rows, capacity = model.config, prompt.shape, jnp.arange(prompt.shape[0]), u.shape[1]
+    first = jnp.min(jnp.where(lengths > 0, lengths, L))                      # the shortest prompt
     log.info("impl_jax: compiling generate for batch %d, prompt length %d (buckets); capacity %d", B, L, capacity)
     model = jax.tree.map(lambda p: p.astype(c.dtype), model)
     special = jnp.asarray([c.pad_id, c.bos_id])                               # never generated
@@ -104,7 +102,7 @@ def _generate(model: LanguageModel, prompt: jax.Array, lengths: jax.Array, u: ja
         return pos + 1, *draw(pos + 1, logits[:, 0], out, done), cache
 
     prefill = jnp.where(jnp.arange(L) < first, prompt, c.pad_id)              # the columns every prompt covers
-    logits, cache = _decode(model, prefill, _empty_cache(c, B, capacity), at=first - 1)   # (B, 1, V)
+    logits, cache = _decode(model, prefill, _empty_cache(model, B, capacity), at=first - 1)   # (B, 1, V)
     out, done = draw(first, logits[:, 0],
                      jnp.full((B, capacity), c.pad_id, jnp.int32), lengths == 0)
     _, out, _, _ = lax.while_loop(lambda s: ~s[2].all(), step, (first, out, done, cache._replace(length=first)))

@@ -24,26 +24,29 @@ import numpy as np
 from jax import lax
 
 from impl_jax import numerics
-from impl_jax.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache, log
+from impl_jax.inputs import Ids, device_ids, host_ids
+from impl_jax.model import Transformer, _decode, _encode, _init_cache, log
 from spec import shapes, validate
+from spec.search import length_penalty
 
 F32 = jnp.float32
 
 
 def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = None) -> np.ndarray:
     """Greedy decoding (``spec.api``, ``spec.search.greedy_search``): src (B, S) -> tokens (B, L) NumPy int64."""
-    c, host = model.config, _host_ids(src, model.config)
+    c, host = model.config, host_ids(src, model.config)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     src, limits, capacity = _padded(model, host, limits)
-    out, steps = _greedy(model, src, limits, capacity)
+    out, steps = _greedy(model, src, limits, jnp.full((src.shape[0], capacity), c.pad_id, jnp.int32))
     return np.asarray(out)[:host.shape[0], :int(steps)].astype(np.int64)
 
 
-@functools.partial(numerics.jit, static_argnames=("capacity",))
-def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, capacity: int):
-    """The loop of ``greedy_search``: src (B, S), limits (B,) on the buckets -> (tokens (B, P), steps ())."""
-    c, B = model.config, src.shape[0]
+@numerics.jit
+def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, out: jax.Array):
+    """The loop of ``greedy_search``: src (B, S), limits (B,) on the buckets, out (B, P) ``pad_id``-filled, whose
+    P fixes the cache capacity -> (tokens (B, P), steps ())."""
+    c, (B, capacity) = model.config, out.shape
     log.info("impl_jax: compiling greedy_search for batch %d, source length %d (buckets); capacity %d",
              *src.shape, capacity)
     model = jax.tree.map(lambda p: p.astype(c.dtype), model)
@@ -61,45 +64,43 @@ def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, capacity: int
         t, _, _, done, _ = state
         return (t < capacity) & ~done.all()
 
-    state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32),
-             jnp.full((B, capacity), c.pad_id, jnp.int32), jnp.zeros((B,), bool),
+    state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32), out, jnp.zeros((B,), bool),
              _init_cache(model, _encode(model, src), src, capacity))
     steps, _, out, _, _ = lax.while_loop(running, step, state)
     return out, steps
 
 
 class BeamState(NamedTuple):
-    """The live state of a beam search, per sequence (B) and beam (k): the last tokens (B, k), the alive
-    hypotheses (B, k, P) and their log-probabilities (B, k), the finished ones (B, k, P) and their normalised
-    scores (B, k), and the steps each sequence ran (B,)."""
-    tokens: jax.Array
-    alive_seq: jax.Array
-    alive_lp: jax.Array
-    fin_seq: jax.Array
-    fin_score: jax.Array
-    steps: jax.Array
+    """The live state of a beam search over B sources, k beams each, capacity P (the fields named as Flax's
+    ``decode.py`` names them)."""
+    tokens: jax.Array           # (B, k) int32: each live beam's last token
+    live_seqs: jax.Array        # (B, k, P) int32: the live hypotheses, pad-filled past their last token
+    live_logprobs: jax.Array    # (B, k) float32: their log-probabilities (-inf: not live)
+    finished_seqs: jax.Array    # (B, k, P) int32: the finished hypotheses, EOS included
+    finished_scores: jax.Array  # (B, k) float32: their length-penalised scores (-inf: an empty slot)
+    steps: jax.Array            # (B,) int32: the steps each source ran
 
 
 def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None) -> np.ndarray:
     """Beam search (``spec.api``, ``spec.search.beam_search``): src (B, S) -> tokens (B, L) NumPy int64."""
-    c, host = model.config, _host_ids(src, model.config)
+    c, host = model.config, host_ids(src, model.config)
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
     src, limits, capacity = _padded(model, host, limits)
-    # lp(t) = ((5 + t) / 6) ** alpha for t = 0..P (Wu et al., 2016), in float64 rounded to fp32
-    lp = (((5.0 + np.arange(capacity + 1)) / 6.0) ** float(alpha)).astype(np.float32)
-    best, length = _beam(model, src, limits, jnp.asarray(lp), capacity, int(beam_size))
+    penalties = np.float32([length_penalty(n, float(alpha)) for n in range(capacity + 1)])  # (P + 1,)
+    best, length = _beam(model, src, limits, jnp.asarray(penalties), int(beam_size))
     B = host.shape[0]
     return np.asarray(best)[:B, :int(np.asarray(length)[:B].max())].astype(np.int64)
 
 
-@functools.partial(numerics.jit, static_argnames=("capacity", "k"))
-def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, capacity: int, k: int):
-    """The loop of ``beam_search``: src (B, S), limits (B,) on the buckets, lp (P + 1,) the length penalties ->
-    (the best hypothesis (B, P), its length (B,))."""
+@functools.partial(numerics.jit, static_argnames=("k",))
+def _beam(model: Transformer, src: jax.Array, limits: jax.Array, penalties: jax.Array, k: int):
+    """The loop of ``beam_search``: src (B, S), limits (B,) on the buckets, penalties (P + 1,) float32 the length
+    penalties of lengths 0..P, whose P fixes the cache capacity -> (the best hypothesis (B, P), its length (B,))."""
     c, B, V, ninf = model.config, src.shape[0], model.config.vocab_size, -jnp.inf
+    capacity = penalties.shape[0] - 1
     log.info("impl_jax: compiling beam_search for batch %d, source length %d (buckets); capacity %d, beam %d",
              *src.shape, capacity, k)
     # The tied output projection on the table held in fp32 (the same values): at beam rows (B * k) XLA's CPU backend
@@ -116,19 +117,21 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, 
         logits, cache = _decode(model, s.tokens.reshape(B * k, 1), cache)                    # (B*k, 1, V)
         logp = jax.nn.log_softmax(logits[:, 0], axis=-1)                                      # fp32, over all of V
         logp = logp.at[..., special].set(-jnp.inf).reshape(B, k, V)
-        cand, top = lax.top_k((s.alive_lp[:, :, None] + logp).reshape(B, k * V), 2 * k)      # (B, 2k)
+        cand, top = lax.top_k((s.live_logprobs[:, :, None] + logp).reshape(B, k * V), 2 * k)      # (B, 2k)
         beam, tok = top // V, top % V
-        seq = take(s.alive_seq, beam).at[:, :, t].set(tok)                                   # (B, 2k, P)
+        seq = take(s.live_seqs, beam).at[:, :, t].set(tok)                                   # (B, 2k, P)
         is_eos = tok == c.eos_id
         alive_score = jnp.where(is_eos, ninf, cand)
         _, alive = lax.top_k(alive_score, k)                                                 # (B, k)
         rows = (jnp.arange(B)[:, None] * k + take(beam, alive)).reshape(B * k)
         cache = cache._replace(self_kv=jax.tree.map(lambda x: x[rows], cache.self_kv), key_mask=cache.key_mask[rows])
-        merged = jnp.concatenate([s.fin_score, jnp.where(is_eos, cand / lp[t + 1], ninf)], axis=1)  # (B, 3k)
-        fin_score, keep = lax.top_k(merged, k)                                               # old before new on ties
-        new = BeamState(take(tok, alive), take(seq, alive), take(alive_score, alive),
-                        take(jnp.concatenate([s.fin_seq, seq], axis=1), keep), fin_score, jnp.full((B,), t + 1))
-        stop = (t + 1 == limits) | (new.fin_score.min(axis=1) >= new.alive_lp.max(axis=1) / lp[limits])
+        new_scores = jnp.where(is_eos, cand / penalties[t + 1], ninf)                          # (B, 2k)
+        finished_scores, keep = lax.top_k(jnp.concatenate([s.finished_scores, new_scores], axis=1), k)  # old first
+        finished_seqs = take(jnp.concatenate([s.finished_seqs, seq], axis=1), keep)            # (B, k, P)
+        new = BeamState(take(tok, alive), take(seq, alive), take(alive_score, alive), finished_seqs, finished_scores,
+                        jnp.full((B,), t + 1))
+        best_reachable = new.live_logprobs.max(axis=1) / penalties[limits]                     # (B,)
+        stop = (t + 1 == limits) | (new.finished_scores.min(axis=1) >= best_reachable)
         s = jax.tree.map(lambda old, x: jnp.where(done.reshape((B,) + (1,) * (x.ndim - 1)), old, x), s, new)
         return t + 1, s, done | stop, cache
 
@@ -145,8 +148,8 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, lp: jax.Array, 
     cache = cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
                            memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))
     _, s, _, _ = lax.while_loop(running, step, (jnp.zeros((), jnp.int32), s, jnp.zeros((B,), bool), cache))
-    finished = jnp.isfinite(s.fin_score[:, 0])                        # else: the best alive hypothesis
-    best = jnp.where(finished[:, None], s.fin_seq[:, 0], s.alive_seq[:, 0])          # (B, P)
+    finished = jnp.isfinite(s.finished_scores[:, 0])                        # else: the best alive hypothesis
+    best = jnp.where(finished[:, None], s.finished_seqs[:, 0], s.live_seqs[:, 0])          # (B, P)
     return best, jnp.where(finished, jnp.argmax(best == c.eos_id, axis=1) + 1, s.steps)
 
 
@@ -155,5 +158,5 @@ def _padded(model: Transformer, src: np.ndarray, limits: np.ndarray) -> tuple[ja
     get limit 1 (they stop after one step); the capacity, the bucket of the longest limit, holds every sequence."""
     c, (B, S) = model.config, src.shape
     Bb, capacity = shapes.batch_bucket(B), shapes.length_bucket(int(limits.max()), c.max_len)
-    return (_device_ids(src, src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
+    return (device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id),
             jnp.asarray(np.pad(limits, (0, Bb - B), constant_values=1), jnp.int32), capacity)

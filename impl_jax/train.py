@@ -32,13 +32,13 @@ import numpy as np
 import optax
 
 from impl_jax import numerics
+from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.layers import Module
 from impl_jax.lm import LanguageModel
-from impl_jax.model import Ids, Transformer, _device_ids, _host_ids, log
+from impl_jax.model import Transformer, log
 from impl_jax.weights import canonical
 from spec import shapes, validate
 from spec import train_state_io as spec_io
-from spec.config import Config
 from spec.training import TrainConfig
 
 F32 = jnp.float32
@@ -77,7 +77,7 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
                        ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Evaluation mode: the label-smoothed loss and {canonical name: float32 gradient} (``spec.api``); for bf16
     parameters the gradients of their (exact) fp32 values."""
-    *inputs, tgt_out = _batch(model.config, src, tgt_in, tgt_out)
+    *inputs, tgt_out = _batch(model, src, tgt_in, tgt_out)
     loss, grads = _loss_and_gradients(model, tuple(inputs), tgt_out, jnp.asarray(label_smoothing, F32), None)
     return loss, canonical(grads)
 
@@ -86,7 +86,7 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
                ) -> tuple[jax.Array, Transformer, TrainState]:
     """One Adam step in training mode -> (loss before the update, new model, new state) (``spec.api``); the model
     and state passed in are left unchanged. Raises ``ValueError`` also if ``state`` was built for another model."""
-    *inputs, tgt_out = _batch(model.config, src, tgt_in, tgt_out)
+    *inputs, tgt_out = _batch(model, src, tgt_in, tgt_out)
     return _step(model, state, tuple(inputs), tgt_out)
 
 
@@ -94,14 +94,14 @@ def lm_loss_and_gradients(model: LanguageModel, tokens: Ids, label_smoothing: fl
                           rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Next-token prediction's loss and {canonical name: float32 gradient} (``spec.api``), as
     ``loss_and_gradients``; with a PRNG key ``rng``, with dropout drawn from it."""
-    inputs, targets = _lm_batch(model.config, tokens)
+    inputs, targets = _lm_batch(model, tokens)
     loss, grads = _loss_and_gradients(model, (inputs,), targets, jnp.asarray(label_smoothing, F32), rng)
     return loss, canonical(grads)
 
 
 def lm_train_step(model: LanguageModel, state: TrainState, tokens: Ids) -> tuple[jax.Array, LanguageModel, TrainState]:
     """One Adam step of next-token prediction in training mode, as ``train_step`` (``spec.api``)."""
-    inputs, targets = _lm_batch(model.config, tokens)
+    inputs, targets = _lm_batch(model, tokens)
     return _step(model, state, (inputs,), targets)
 
 
@@ -133,14 +133,15 @@ def load_train_state(path: str | os.PathLike, model: Transformer | LanguageModel
     return TrainState(step=jnp.asarray(stored.step, jnp.int32), train_config=stored.train_config, m=m, v=v, rng=rng)
 
 
-def smoothed_loss(logits: jax.Array, tgt_out: jax.Array, label_smoothing: jax.Array | float, pad_id: int
-                  ) -> jax.Array:
-    """Section 5.4's label-smoothed cross entropy, the mean over non-pad targets: logits (B, T, V) float32,
-    tgt_out (B, T) -> () float32."""
+def smoothed_loss(logits: jax.Array, tgt_out: jax.Array, label_smoothing: jax.Array | float, pad_id: int, *,
+                  count: jax.Array | None = None) -> jax.Array:
+    """Section 5.4's label-smoothed cross entropy: logits (B, T, V) float32, tgt_out (B, T) -> () float32, the sum
+    over the non-pad targets divided by ``count`` (the global batch's non-pad targets when this batch is a share of
+    it) or, if None, by this batch's own: their mean."""
     q = optax.smooth_labels(jax.nn.one_hot(tgt_out, logits.shape[-1], dtype=F32), label_smoothing)  # (B, T, V)
     per_token = optax.softmax_cross_entropy(logits, q)                                 # (B, T) float32
     weight = (tgt_out != pad_id).astype(F32)                                           # (B, T): padding counts not
-    return (per_token * weight).sum() / weight.sum()
+    return (per_token * weight).sum() / (weight.sum() if count is None else count)
 
 
 def adam_update(params: dict[str, jax.Array], grads: dict[str, jax.Array], state: TrainState
@@ -159,29 +160,31 @@ def adam_update(params: dict[str, jax.Array], grads: dict[str, jax.Array], state
 
 # ----------------------------------------------------------------- internals
 
-def _batch(config: Config, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``spec.validate.check_train_batch`` on host copies, then the ids as int32, padded to the forward's buckets:
     (Bb, Sb), (Bb, Tb) twice."""
-    src_host, tgt_host, out_host = (_host_ids(src, config), _host_ids(tgt_in, config, "tgt_in"),
-                                    _host_ids(tgt_out, config, "tgt_out"))
+    config = model.config
+    src_host, tgt_host, out_host = (host_ids(src, config), host_ids(tgt_in, config, "tgt_in"),
+                                    host_ids(tgt_out, config, "tgt_out"))
     validate.check_train_batch(src_host, tgt_host, out_host, config)
     (B, S), T = src_host.shape, tgt_host.shape[1]
     Bb, Tb = shapes.batch_bucket(B), shapes.length_bucket(T, config.max_len)
-    return (_device_ids(src, src_host, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
-            _device_ids(tgt_in, tgt_host, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
-            _device_ids(tgt_out, out_host, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
+    return (device_ids(src, Bb, shapes.length_bucket(S, config.max_len), config.pad_id),  # (Bb, Sb)
+            device_ids(tgt_in, Bb, Tb, config.pad_id),                                  # (Bb, Tb)
+            device_ids(tgt_out, Bb, Tb, config.pad_id))                                 # (Bb, Tb)
 
 
-def _lm_batch(config: Config, tokens: Ids) -> tuple[jax.Array, jax.Array]:
+def _lm_batch(model: LanguageModel, tokens: Ids) -> tuple[jax.Array, jax.Array]:
     """``spec.validate.check_model_kind`` and ``check_lm_batch`` on a host copy, then inputs ``tokens[:, :-1]``
     and targets ``tokens[:, 1:]`` as int32, padded to the forward's buckets: (Bb, Tb) twice."""
+    config = model.config
     validate.check_model_kind(config, decoder_only=True)
-    host = _host_ids(tokens, config, "tokens")
+    host = host_ids(tokens, config, "tokens")
     validate.check_lm_batch(host, config)
     ids = tokens if isinstance(tokens, jax.core.Tracer) else host
     Bb, Tb = shapes.batch_bucket(host.shape[0]), shapes.length_bucket(host.shape[1] - 1, config.max_len)
-    return (_device_ids(ids[:, :-1], host[:, :-1], Bb, Tb, config.pad_id),
-            _device_ids(ids[:, 1:], host[:, 1:], Bb, Tb, config.pad_id))
+    return (device_ids(ids[:, :-1], Bb, Tb, config.pad_id),
+            device_ids(ids[:, 1:], Bb, Tb, config.pad_id))
 
 
 def _step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array

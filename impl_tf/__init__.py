@@ -44,7 +44,7 @@ except ModuleNotFoundError as e:
                               "'aiayn-tf[cpu]', 'aiayn-tf[gpu]' (NVIDIA, tensorflow[and-cuda]) or "
                               "'aiayn-tf[tensorflow]'") from e
 
-from impl_tf import layers, lm, model, numerics, sampling, search, train, weights  # noqa: E402
+from impl_tf import inputs, layers, lm, model, numerics, sampling, search, train, weights  # noqa: E402
 from impl_tf.lm import LanguageModel  # noqa: E402
 from impl_tf.model import KVCache, Transformer  # noqa: E402
 from impl_tf.numerics import numerics_scope  # noqa: E402
@@ -66,7 +66,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "KVCache", "LanguageModel", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "generate",
-    "greedy_search", "init_train_state", "layers", "lm", "lm_loss_and_gradients", "lm_train_step", "load_train_state",
-    "load_weights", "loss_and_gradients", "model", "numerics", "numerics_scope", "params_of", "sampling",
-    "save_train_state", "save_weights", "search", "train", "train_step", "weights",
+    "greedy_search", "init_train_state", "inputs", "layers", "lm", "lm_loss_and_gradients", "lm_train_step",
+    "load_train_state", "load_weights", "loss_and_gradients", "model", "numerics", "numerics_scope", "params_of",
+    "sampling", "save_train_state", "save_weights", "search", "train", "train_step", "weights",
 ]

@@ -69,10 +69,11 @@ class Embedder(tf.Module):
     ``logits_bias`` the bias ``bias`` (V) is added to the logits. ``positions`` and ``bias`` are None when absent.
     """
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray]):
+    def __init__(self, config: Config, params: dict[str, np.ndarray]):
         super().__init__(name="embedder")
+        c = config
         self.table = tf.Variable(params["embedding"], name="embedding", trainable=True)  # (V, D) in param_dtype
-        self.positions, self.bias = _optional_variables(params, "", "position_embedding", "logits_bias")
+        self.positions, self.bias = _optional_variables(params, "position_embedding", "logits_bias")
         self.dtype = tf.as_dtype(c.dtype)                                 # the activation dtype, from the config
         self.pe = None if self.positions is not None else positional_encoding(  # (max_len, D) fp32
             c.max_len, c.d_model, c.positions == "sinusoidal_halves")
@@ -122,10 +123,11 @@ class MultiHeadAttention(tf.Module):
     ``b_v`` (H, C), ``b_o`` (D), None when absent.
     """
 
-    def __init__(self, params: dict[str, np.ndarray], path: str):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str):
         super().__init__(name="multi_head_attention")
-        self.w_q, self.w_k, self.w_v, self.w_o = _variables(params, path, "w_q", "w_k", "w_v", "w_o")
-        self.b_q, self.b_k, self.b_v, self.b_o = _optional_variables(params, f"{path}.", "b_q", "b_k", "b_v", "b_o")
+        self.w_q, self.w_k, self.w_v, self.w_o = _variables(params, name, "w_q", "w_k", "w_v", "w_o")
+        self.b_q, self.b_k, self.b_v, self.b_o = (_variables(params, name, "b_q", "b_k", "b_v", "b_o")
+                                                  if config.attention_bias else (None,) * 4)
 
     def project_kv(self, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Key and value projections, heads-major: x (B, M, D) -> k (B, H, M, K), v (B, H, M, C)."""
@@ -136,7 +138,7 @@ class MultiHeadAttention(tf.Module):
         """Queries from x (B, L, D) attend over ``project_kv``'s kv under mask (B, 1, L|1, M) -> (B, L, D)."""
         q = linear(x, self.w_q, self.b_q)                                 # (B, L, H, K)
         o = scaled_dot_product_attention(q, *kv, mask)                    # (B, L, H, C)
-        return linear(o, self.w_o, self.b_o, axes=2)                      # (B, L, D)
+        return linear(o, self.w_o, self.b_o, n_in=2)                      # (B, L, D)
 
 
 def activation(h: tf.Tensor, name: str) -> tf.Tensor:
@@ -154,10 +156,10 @@ class FeedForward(tf.Module):
     """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2, ``act`` the paper's ReLU by default, ``activation``):
     (B, L, D) -> (B, L, D), hidden (B, L, F)."""
 
-    def __init__(self, params: dict[str, np.ndarray], path: str, act: str):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str):
         super().__init__(name="feed_forward")
-        self.w_1, self.b_1, self.w_2, self.b_2 = _variables(params, path, "w_1", "b_1", "w_2", "b_2")
-        self.act = act
+        self.w_1, self.b_1, self.w_2, self.b_2 = _variables(params, name, "w_1", "b_1", "w_2", "b_2")
+        self.act = config.activation
 
     def forward(self, x: tf.Tensor) -> tf.Tensor:
         h = activation(linear(x, self.w_1, self.b_1), self.act)         # (B, L, F)
@@ -167,10 +169,10 @@ class FeedForward(tf.Module):
 class LayerNorm(tf.Module):
     """LayerNorm over D (Ba et al., 2016) with ``scale`` and ``bias``: statistics in fp32, result rounded once."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str):
         super().__init__(name="layer_norm")
-        self.eps = c.layer_norm_eps
-        self.scale, self.bias = _variables(params, path, "scale", "bias")
+        self.eps = config.layer_norm_eps
+        self.scale, self.bias = _variables(params, name, "scale", "bias")
 
     def forward(self, x: tf.Tensor) -> tf.Tensor:
         """(..., D) -> (..., D) in x's dtype."""
@@ -196,12 +198,12 @@ class EncoderLayer(tf.Module):
     LayerNorm(x)))``. Records each sublayer's output after dropout as ``<sublayer>`` (with dropout, its keep mask as
     ``<sublayer>.keep``) and the residual line's as ``<sublayer>.residual``, under its caller's ``scope``."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str):
         super().__init__(name="encoder_layer")
-        self.norm_first, self.rate = c.norm_first, c.dropout
-        attention, norm = functools.partial(MultiHeadAttention, params), functools.partial(LayerNorm, c, params)
-        self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
-        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn", c.activation), norm(f"{path}.ffn_norm")
+        self.norm_first, self.rate = config.norm_first, config.dropout
+        attention, norm = (functools.partial(m, config, params) for m in (MultiHeadAttention, LayerNorm))
+        self.self_attn, self.self_attn_norm = attention(f"{name}.self_attn"), norm(f"{name}.self_attn_norm")
+        self.ffn, self.ffn_norm = FeedForward(config, params, f"{name}.ffn"), norm(f"{name}.ffn_norm")
 
     def forward(self, x: tf.Tensor, mask: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D); ``rng`` as ``dropout``'s."""
@@ -219,14 +221,14 @@ class DecoderLayer(tf.Module):
     """Masked self-attention over a KV cache, cross-attention, FFN (section 3.1), each as ``EncoderLayer``'s; a
     decoder-only model's (``config.decoder_only``) has no cross-attention (``cross_attn`` and its norm None)."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray], path: str):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str):
         super().__init__(name="decoder_layer")
-        self.norm_first, self.rate = c.norm_first, c.dropout
-        attention, norm = functools.partial(MultiHeadAttention, params), functools.partial(LayerNorm, c, params)
-        self.self_attn, self.self_attn_norm = attention(f"{path}.self_attn"), norm(f"{path}.self_attn_norm")
-        self.cross_attn, self.cross_attn_norm = (None, None) if c.decoder_only else (
-            attention(f"{path}.cross_attn"), norm(f"{path}.cross_attn_norm"))
-        self.ffn, self.ffn_norm = FeedForward(params, f"{path}.ffn", c.activation), norm(f"{path}.ffn_norm")
+        self.norm_first, self.rate = config.norm_first, config.dropout
+        attention, norm = (functools.partial(m, config, params) for m in (MultiHeadAttention, LayerNorm))
+        self.self_attn, self.self_attn_norm = attention(f"{name}.self_attn"), norm(f"{name}.self_attn_norm")
+        self.cross_attn, self.cross_attn_norm = (None, None) if config.decoder_only else (
+            attention(f"{name}.cross_attn"), norm(f"{name}.cross_attn_norm"))
+        self.ffn, self.ffn_norm = FeedForward(config, params, f"{name}.ffn"), norm(f"{name}.ffn_norm")
 
     def forward(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], self_mask: tf.Tensor,
                 memory_kv: tuple[tf.Tensor, tf.Tensor] | None, memory_mask: tf.Tensor | None, start: tf.Tensor | int,
@@ -251,15 +253,14 @@ class DecoderLayer(tf.Module):
         return record("ffn.residual", y if pre else self.ffn_norm.forward(y)), self_kv
 
 
-def _variables(params: dict[str, np.ndarray], path: str, *names: str) -> list[tf.Variable]:
-    """The canonical parameters ``path.name`` as tf.Variables of their stored dtype, named after them."""
-    return [tf.Variable(params[f"{path}.{n}"], name=f"{path}.{n}", trainable=True) for n in names]
+def _variables(params: dict[str, np.ndarray], prefix: str, *names: str) -> list[tf.Variable]:
+    """The canonical parameters ``prefix.name`` as tf.Variables of their stored dtype, named after them."""
+    return [tf.Variable(params[f"{prefix}.{n}"], name=f"{prefix}.{n}", trainable=True) for n in names]
 
 
-def _optional_variables(params: dict[str, np.ndarray], prefix: str, *names: str) -> list[tf.Variable | None]:
-    """The parameters ``prefix + name`` that a config option adds, as ``_variables``; None for those it has not."""
-    return [tf.Variable(params[n], name=n, trainable=True) if n in params else None
-            for n in (prefix + name for name in names)]
+def _optional_variables(params: dict[str, np.ndarray], *names: str) -> list[tf.Variable | None]:
+    """The top-level parameters ``names`` that a config option adds, as ``_variables``; None for those it has not."""
+    return [tf.Variable(params[n], name=n, trainable=True) if n in params else None for n in names]
 
 
 def residual_add(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:

@@ -10,18 +10,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from impl_tf.inputs import host_ids
 from impl_tf.layers import Embedder
-from impl_tf.model import (
-    Decoder,
-    KVCache,
-    Transformer,
-    _decode,
-    _empty_cache,
-    _host_ids,
-    _model_fields,
-    _run_forward,
-    decode,
-)
+from impl_tf.model import Decoder, KVCache, Transformer, _decode, _empty_cache, _model_fields, _run_forward, decode
 from spec import validate
 from spec.annotations import Float
 from spec.config import Config
@@ -49,7 +40,7 @@ class LanguageModel(tf.Module):
     def forward(self, tokens, intermediates: bool = False, *, rng=None
                 ) -> Float[tf.Tensor, "B T V"] | tuple[Float[tf.Tensor, "B T V"], dict[str, tf.Tensor]]:
         """The causal forward, as ``spec.api``; ids and ``rng`` as ``Transformer.forward``'s."""
-        tokens = _host_ids(tokens, "tokens")
+        tokens = host_ids(tokens, "tokens")
         validate.check_tokens("tokens", tokens, self.config)
         return _run_forward(self, _forward, [tokens], intermediates, rng)
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from impl_tf.inputs import device_ids, host_ids, stateless_seed
 from impl_tf.layers import DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout, write_kv
 from spec import shapes, validate
 from spec.annotations import Bool, Float, Int
@@ -54,7 +55,7 @@ def key_padding_mask(ids: tf.Tensor, pad_id: int) -> tf.Tensor:
 
 
 def causal_mask(start: tf.Tensor, n: tf.Tensor, capacity: tf.Tensor) -> tf.Tensor:
-    """(n, P) bool: new position start + i may attend to cache positions <= start + i."""
+    """(n, capacity) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
     return tf.range(capacity)[None, :] <= (start + tf.range(n))[:, None]
 
 
@@ -62,17 +63,17 @@ class Stack(tf.Module):
     """``n`` layers of one kind under the canonical prefix ``name`` (section 3.1); pre-LN adds a final LayerNorm:
     what the encoder and decoder stacks share."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray], layer: type[tf.Module], name: str, n: int):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], layer: type[tf.Module], name: str, n: int):
         super().__init__(name=name)
-        self.layers = [layer(c, params, f"{name}.layers.{i}") for i in range(n)]
-        self.final_norm = LayerNorm(c, params, f"{name}.final_norm") if c.norm_first else None
+        self.layers = [layer(config, params, f"{name}.layers.{i}") for i in range(n)]
+        self.final_norm = LayerNorm(config, params, f"{name}.final_norm") if config.norm_first else None
 
 
 class Encoder(Stack):
     """N encoder layers (section 3.1); pre-LN adds a final LayerNorm."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray]):
-        super().__init__(c, params, EncoderLayer, "encoder", c.n_encoder_layers)
+    def __init__(self, config: Config, params: dict[str, np.ndarray]):
+        super().__init__(config, params, EncoderLayer, "encoder", config.n_encoder_layers)
 
     def forward(self, x: tf.Tensor, mask: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
         """x (B, S, D), key padding mask (B, 1, 1, S) -> memory (B, S, D); ``rng`` as ``layers.dropout``'s."""
@@ -87,8 +88,8 @@ class Encoder(Stack):
 class Decoder(Stack):
     """N decoder layers over a KV cache (section 3.1); pre-LN adds a final LayerNorm."""
 
-    def __init__(self, c: Config, params: dict[str, np.ndarray]):
-        super().__init__(c, params, DecoderLayer, "decoder", c.n_decoder_layers)
+    def __init__(self, config: Config, params: dict[str, np.ndarray]):
+        super().__init__(config, params, DecoderLayer, "decoder", config.n_decoder_layers)
 
     def forward(self, y: tf.Tensor, cache: KVCache, rng: tf.Tensor | None = None) -> tuple[tf.Tensor, KVCache]:
         """y (B, n, D) at positions ``cache.length...``, whose keys are already in ``cache.key_mask`` -> (h (B, n, D),
@@ -137,7 +138,7 @@ class Transformer(tf.Module):
         tensors. Runs padded to buckets (module docstring), so the masks a seed draws for the real positions depend
         on the buckets too. ``rng``: dropout (section 5.4, ``layers.dropout``) from a stateless seed, (2,) int (a
         list, array or tensor, e.g. ``[seed, 0]``), else ``ValueError``; None, the default, evaluates."""
-        src, tgt_in = _host_ids(src), _host_ids(tgt_in, "tgt_in")
+        src, tgt_in = host_ids(src), host_ids(tgt_in, "tgt_in")
         validate.check_forward(src, tgt_in, self.config)
         return _run_forward(self, _forward, [src, tgt_in], intermediates, rng)
 
@@ -145,23 +146,23 @@ class Transformer(tf.Module):
 
     def encode(self, src) -> Float[tf.Tensor, "B S D"]:
         """Encoder stack (section 3.1): src (B, S) int -> memory (B, S, D); runs padded to buckets."""
-        src, c = _host_ids(src), self.config
+        src, c = host_ids(src), self.config
         validate.check_source(src, c)
         (B, S), size = src.shape, (shapes.batch_bucket(src.shape[0]), shapes.length_bucket(src.shape[1], c.max_len))
         encode = _compiled(self, "encode", lambda src: _encode(self, src), [IDS], size)
-        return encode(_device_ids(src, *size, c.pad_id))[:B, :S]
+        return encode(device_ids(src, *size, c.pad_id))[:B, :S]
 
     def init_cache(self, memory: Float[tf.Tensor, "B S D"], src, capacity: int) -> KVCache:
         """An empty ``KVCache`` for ``capacity`` target positions (P); the cross-attention K/V of memory (B, S, D)
         are computed once here (section 3.2.3). Raises ``ValueError`` as ``spec.api``, or for memory not (B, S, D).
         """
-        src = _host_ids(src)
+        src = host_ids(src)
         validate.check_source(src, self.config)
         validate.check_capacity(capacity, self.config)
         if tuple(memory.shape) != (*src.shape, self.config.d_model):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src shape {src.shape} "
                              f"and d_model {self.config.d_model}")
-        return _init_cache(self, tf.convert_to_tensor(memory), _device_ids(src, *src.shape, self.config.pad_id),
+        return _init_cache(self, tf.convert_to_tensor(memory), device_ids(src, *src.shape, self.config.pad_id),
                            int(capacity))
 
     def decode(self, tokens, cache: KVCache) -> tuple[Float[tf.Tensor, "B n V"], KVCache]:
@@ -173,7 +174,7 @@ class Transformer(tf.Module):
 def decode(model: tf.Module, tokens, cache: KVCache) -> tuple[tf.Tensor, KVCache]:
     """The ``decode`` of either model (``Transformer``, ``impl_tf.lm.LanguageModel``): validated, then one program,
     which takes the cache's tensors, a decoder-only model's without memory (a signature holds no None)."""
-    tokens, c = _host_ids(tokens, "tokens"), model.config
+    tokens, c = host_ids(tokens, "tokens"), model.config
     B, capacity = cache.key_mask.shape
     validate.check_decode(tokens, c, B, int(cache.length), capacity)
     kv = ((tf.TensorSpec([None, c.n_heads, None, c.d_k], model.embedder.dtype),
@@ -186,7 +187,7 @@ def decode(model: tf.Module, tokens, cache: KVCache) -> tuple[tf.Tensor, KVCache
 
     shape = (B, tokens.shape[1], capacity, *(m.shape[1] for m in memory[1:]))
     program = _compiled(model, "decode", step, [IDS, kv, mask, length, (kv, mask)[:len(memory)]], shape)
-    return program(_device_ids(tokens, *tokens.shape, c.pad_id), cache.self_kv, cache.key_mask, cache.length, memory)
+    return program(device_ids(tokens, *tokens.shape, c.pad_id), cache.self_kv, cache.key_mask, cache.length, memory)
 
 
 # ----------------------------------------------------------------- traced computations and their programs
@@ -223,16 +224,6 @@ def _decode(model: tf.Module, tokens: tf.Tensor, cache: KVCache, rng: tf.Tensor 
     return record("logits", model.embedder.decode(h)), cache
 
 
-def _host_ids(ids, name: str = "src") -> np.ndarray:
-    """Token ids (nested lists, NumPy arrays or eager tensors) as a NumPy host copy for ``spec.validate``, named."""
-    return validate.host_ids(name, ids)
-
-
-def _device_ids(ids: np.ndarray, batch: int, length: int, pad_id: int) -> tf.Tensor:
-    """Validated ids (B, L) as int32 (batch, length): a bucket (module docstring), added rows and positions pad."""
-    return tf.constant(shapes.pad_ids(ids, batch, length, pad_id))
-
-
 def _forward(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
     """src (B, S), tgt_in (B, T) int32 -> logits (B, T, V) float32: the decoder's one code path over an empty
     cache of capacity T; ``rng`` as ``layers.dropout``'s."""
@@ -254,10 +245,10 @@ def _run_forward(model: tf.Module, forward: Callable, ids: list[np.ndarray], int
                  ) -> tf.Tensor | tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """A model's forward on validated ids, (src, tgt_in) or (tokens,), padded to buckets: ``forward(model, *ids,
     seed)`` compiled, its logits (and intermediates) sliced back to the real shapes."""
-    c, seed = model.config, None if rng is None else _seed(rng)
+    c, seed = model.config, None if rng is None else stateless_seed(rng)
     B, lengths = ids[0].shape[0], [x.shape[1] for x in ids]
     size = (shapes.batch_bucket(B), *(shapes.length_bucket(n, c.max_len) for n in lengths))
-    args = [_device_ids(x, size[0], size[i + 1], c.pad_id) for i, x in enumerate(ids)] + [seed] * (rng is not None)
+    args = [device_ids(x, size[0], size[i + 1], c.pad_id) for i, x in enumerate(ids)] + [seed] * (rng is not None)
 
     def recorded(*args: tf.Tensor):
         # Records while tf.function traces this, into a dict of the trace's own: with ``intermediates`` the dict of
@@ -273,14 +264,6 @@ def _run_forward(model: tf.Module, forward: Callable, ids: list[np.ndarray], int
         return out[:B, :lengths[-1]]
     want = shapes.intermediates(c, B, *[0, *lengths][-2:], dropout=seed is not None)  # name -> ((B, S|T..), dtype)
     return out[0][:B, :lengths[-1]], {name: x[:B, :want[name][0][1]] for name, x in out[1].items()}
-
-
-def _seed(rng) -> tf.Tensor:
-    """A dropout ``rng`` as the programs take it, (2,) int64; a ``ValueError`` if it is not two integers."""
-    seed = tf.convert_to_tensor(rng)
-    if not seed.dtype.is_integer or seed.shape != (2,):
-        raise ValueError(f"rng must be a stateless seed, (2,) int, got {seed.dtype.name}{tuple(seed.shape)}")
-    return tf.cast(seed, tf.int64)
 
 
 def _compiled(model: tf.Module, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]

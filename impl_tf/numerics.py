@@ -38,15 +38,14 @@ def round_to(p: tf.Tensor | tf.Variable, dtype: tf.DType) -> tf.Tensor:
     return rounded(tf.convert_to_tensor(p))
 
 
-def linear(x: tf.Tensor, w: tf.Tensor, bias: tf.Tensor | None = None, *, axes: int = 1) -> tf.Tensor:
-    """The last ``axes`` axes of x contracted with the first of the parameter w, plus bias (M1..Mb): fp32
-    accumulator, rounded once to x's dtype (rule 2). x (..., N1..Na), w (N1..Na, M1..Mb) -> (..., M1..Mb), as
-    ``np.tensordot(x, w, axes)``."""
-    batch = tf.shape(x)[:-axes]
-    y = matmul_f32(tf.reshape(x, tf.concat([batch, [-1]], 0)), tf.reshape(w, [math.prod(w.shape[:axes]), -1]))
+def linear(x: tf.Tensor, w: tf.Tensor, bias: tf.Tensor | None = None, *, n_in: int = 1) -> tf.Tensor:
+    """x (..., *I) times the parameter w (*I, *O) over the last ``n_in`` axes of x, plus bias (*O) -> (..., *O):
+    fp32 accumulator, rounded once to x's dtype (rule 2), as ``np.tensordot(x, w, n_in)``."""
+    batch = tf.shape(x)[:-n_in]
+    y = matmul_f32(tf.reshape(x, tf.concat([batch, [-1]], 0)), tf.reshape(w, [math.prod(w.shape[:n_in]), -1]))
     if bias is not None:
         y += round_to(bias if bias.shape.rank == 1 else tf.reshape(bias, [-1]), x.dtype)  # as y's flat M1..Mb
-    return tf.cast(tf.reshape(y, tf.concat([batch, w.shape[axes:]], 0)), x.dtype)
+    return tf.cast(tf.reshape(y, tf.concat([batch, w.shape[n_in:]], 0)), x.dtype)
 
 
 def logits(x: tf.Tensor, table: tf.Tensor, bias: tf.Tensor | None = None) -> tf.Tensor:

@@ -23,8 +23,9 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from impl_tf.inputs import device_ids, host_ids
 from impl_tf.lm import LanguageModel
-from impl_tf.model import IDS, KVCache, _compiled, _decode, _device_ids, _empty_cache, _host_ids
+from impl_tf.model import IDS, KVCache, _compiled, _decode, _empty_cache
 from spec import sampling, shapes, validate
 from spec.annotations import Int
 from spec.search import forbid_special
@@ -66,7 +67,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, temperature: flo
         ValueError: as ``spec.api`` (``spec.validate.check_prompt``, ``spec.sampling.check_sampling``), or for a
             model that is not decoder-only.
     """
-    prompt, c = _host_ids(prompt, "prompt"), model.config
+    prompt, c = host_ids(prompt, "prompt"), model.config
     validate.check_model_kind(c, decoder_only=True)
     lengths = validate.check_prompt(prompt, c, max_new_tokens)
     sampling.check_sampling(temperature, top_k, top_p, seed)
@@ -79,7 +80,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, temperature: flo
     signature = [IDS, tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, None], tf.float32), INT_SCALAR, SCALAR,
                  INT_SCALAR, SCALAR]
     loop = _compiled(model, "generate", functools.partial(_generate, model), signature, size)
-    out, width = loop(_device_ids(prompt[:, :L], *size[:2], c.pad_id), tf.constant(padded_lengths), tf.constant(u),
+    out, width = loop(device_ids(prompt[:, :L], *size[:2], c.pad_id), tf.constant(padded_lengths), tf.constant(u),
                       tf.constant(N), tf.constant(temperature, tf.float32),
                       tf.constant(c.vocab_size if top_k is None else min(int(top_k), c.vocab_size)),
                       tf.constant(top_p, tf.float32))

@@ -35,8 +35,9 @@ import numpy as np
 import tensorflow as tf
 
 from impl_tf import lm
+from impl_tf.inputs import device_ids, host_ids, stateless_seed
 from impl_tf.lm import LanguageModel, Model
-from impl_tf.model import Transformer, _compiled, _device_ids, _forward, _host_ids, _seed
+from impl_tf.model import Transformer, _compiled, _forward
 from spec import shapes, training, validate
 from spec import train_state_io as spec_io
 from spec.recording import recording
@@ -179,24 +180,24 @@ def adam_scalars(model: Model, state: TrainState) -> dict[str, tf.Tensor]:
 def _batch(model: Transformer, src, tgt_in, tgt_out) -> tuple[tuple[int, int, int], tuple[tf.Tensor, ...]]:
     """The spec's checks of a training batch on host copies, then (the buckets (Bb, Sb, Tb), the ids as int32
     padded to them with ``pad_id``: (Bb, Sb), (Bb, Tb), (Bb, Tb))."""
-    src, tgt_in, tgt_out = _host_ids(src), _host_ids(tgt_in, "tgt_in"), _host_ids(tgt_out, "tgt_out")
+    src, tgt_in, tgt_out = host_ids(src), host_ids(tgt_in, "tgt_in"), host_ids(tgt_out, "tgt_out")
     c = model.config
     validate.check_model_kind(c, decoder_only=False)
     validate.check_train_batch(src, tgt_in, tgt_out, c)
     (B, S), T = src.shape, tgt_in.shape[1]
     Bb, Sb, Tb = shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), shapes.length_bucket(T, c.max_len)
-    return (Bb, Sb, Tb), (_device_ids(src, Bb, Sb, c.pad_id), _device_ids(tgt_in, Bb, Tb, c.pad_id),
-                          _device_ids(tgt_out, Bb, Tb, c.pad_id))
+    return (Bb, Sb, Tb), (device_ids(src, Bb, Sb, c.pad_id), device_ids(tgt_in, Bb, Tb, c.pad_id),
+                          device_ids(tgt_out, Bb, Tb, c.pad_id))
 
 
 def _lm_batch(model: LanguageModel, tokens) -> tuple[tuple[int, int], tuple[tf.Tensor]]:
     """The spec's checks of a next-token batch (B, T) on a host copy, then (the buckets (Bb, Tb), (the tokens as
     int32 (Bb, Tb) padded with ``pad_id``,))."""
-    tokens, c = _host_ids(tokens, "tokens"), model.config
+    tokens, c = host_ids(tokens, "tokens"), model.config
     validate.check_model_kind(c, decoder_only=True)
     validate.check_lm_batch(tokens, c)
     size = (shapes.batch_bucket(tokens.shape[0]), shapes.length_bucket(tokens.shape[1], c.max_len))
-    return size, (_device_ids(tokens, *size, c.pad_id),)
+    return size, (device_ids(tokens, *size, c.pad_id),)
 
 
 def _check_state(model: Model, state: TrainState) -> None:
@@ -213,10 +214,10 @@ def _check_state(model: Model, state: TrainState) -> None:
 
 def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...],
                label_smoothing: float, rng=None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-    """The entry points' (loss, {canonical name: gradient}) of a padded ``batch`` (``_logits``), by the program
+    """The entry points' (loss, {canonical name: gradient}) of a padded ``batch`` (``_inputs_targets``), by the program
     ``name`` for its buckets ``size``; ``rng`` as ``LanguageModel.forward``'s."""
-    seed = [] if rng is None else [_seed(rng)]
-    fn = lambda *args: _loss_and_gradients(model, *args)  # noqa: E731
+    seed = [] if rng is None else [stateless_seed(rng)]
+    fn = lambda batch, *args: _loss_and_gradients(model, *_inputs_targets(model, batch), *args)  # noqa: E731
     loss, grads = _compiled(model, name + (" with dropout" if seed else ""), fn, None, size)(
         batch, tf.constant(label_smoothing, tf.float32), *seed)
     return loss, dict(zip(model.params, grads, strict=True))
@@ -224,31 +225,32 @@ def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.T
 
 def _step(model: Model, state: TrainState, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...]
           ) -> tuple[tf.Tensor, Model, TrainState]:
-    """The train steps' compiled step ``name`` on a padded ``batch`` (``_logits``) for its buckets ``size``."""
+    """The train steps' compiled step ``name`` on a padded ``batch`` (``_inputs_targets``) for its buckets ``size``."""
     step = _compiled(model, name, lambda *args: _train_step(model, *args), None, size)
     loss = step(batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
     state.step.assign_add(1)
     return loss, model, state
 
 
-def _logits(model: Model, batch: tuple[tf.Tensor, ...], rng: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
-    """(logits (B, T, V) float32, targets (B, T)) of a padded batch: a ``Transformer``'s (src, tgt_in, tgt_out); a
-    ``LanguageModel``'s (tokens,), whose logits of ``tokens[:, :-1]`` predict ``tokens[:, 1:]``. ``rng`` as
-    ``layers.dropout``'s."""
+def _inputs_targets(model: Model, batch: tuple[tf.Tensor, ...]) -> tuple[tuple[tf.Tensor, ...], tf.Tensor]:
+    """(the forward's inputs, the targets (B, T)) of a padded batch: a ``Transformer``'s (src, tgt_in, tgt_out)
+    -> ((src, tgt_in), tgt_out); a ``LanguageModel``'s (tokens,) -> ((tokens[:, :-1],), tokens[:, 1:])."""
     if model.config.decoder_only:
         (tokens,) = batch
-        return lm._forward(model, tokens[:, :-1], rng), tokens[:, 1:]
+        return (tokens[:, :-1],), tokens[:, 1:]
     src, tgt_in, tgt_out = batch
-    return _forward(model, src, tgt_in, rng), tgt_out
+    return (src, tgt_in), tgt_out
 
 
-def _loss_and_gradients(model: Model, batch: tuple[tf.Tensor, ...], label_smoothing: tf.Tensor,
-                        rng: tf.Tensor | None = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """(loss () float32, fp32 gradients in schema order) of the model's forward on a padded ``batch``
-    (``_logits``), traced inside a tf.function; its records go to a dict of this trace's own. ``rng`` as
-    ``layers.dropout``'s."""
+def _loss_and_gradients(model: Model, inputs: tuple[tf.Tensor, ...], tgt_out: tf.Tensor,
+                        label_smoothing: tf.Tensor, rng: tf.Tensor | None = None
+                        ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """(loss () float32, fp32 gradients in schema order) of the model's forward on padded ``inputs`` against
+    ``tgt_out`` (``_inputs_targets``), traced inside a tf.function; its records go to a dict of this trace's own.
+    ``rng`` as ``layers.dropout``'s."""
+    forward = lm._forward if model.config.decoder_only else _forward
     with tf.GradientTape() as tape, recording():
-        logits, tgt_out = _logits(model, batch, rng)                                     # (B, T, V) float32
+        logits = forward(model, *inputs, rng)                                            # (B, T, V) float32
         loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32
     # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
     return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, list(model.params.values()))]
@@ -256,9 +258,10 @@ def _loss_and_gradients(model: Model, batch: tuple[tf.Tensor, ...], label_smooth
 
 def _train_step(model: Model, batch: tuple[tf.Tensor, ...], seed: tf.Tensor, scalars: dict[str, tf.Tensor],
                 m: dict[str, tf.Variable], v: dict[str, tf.Variable]) -> tf.Tensor:
-    """The compiled step on a padded ``batch`` (``_logits``): dropout from ``seed`` (2,) int64 (``layers.dropout``:
-    each site its own draw); Adam on the moments ``m``, ``v`` with the step's ``scalars``; -> loss () float32."""
-    loss, grads = _loss_and_gradients(model, batch, scalars["label_smoothing"], seed)
+    """The compiled step on a padded ``batch`` (``_inputs_targets``): dropout from ``seed`` (2,) int64
+    (``layers.dropout``: each site its own draw); Adam on the moments ``m``, ``v`` with the step's ``scalars``;
+    -> loss () float32."""
+    loss, grads = _loss_and_gradients(model, *_inputs_targets(model, batch), scalars["label_smoothing"], seed)
     adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None),
                 scalars=scalars)
     return loss

@@ -43,7 +43,7 @@ Bad token ids and arguments raise the spec's ``ValueError`` (``spec.validate``) 
 NumPy integer and float scalars count as Python ones. Search never generates pad or BOS.
 """
 
-from impl_torch import layers, lm, model, numerics, sampling, search, train, weights
+from impl_torch import inputs, layers, lm, model, numerics, sampling, search, train, weights
 from impl_torch.layers import to_array, to_tensor
 from impl_torch.lm import LanguageModel
 from impl_torch.model import KVCache, Transformer
@@ -66,7 +66,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "KVCache", "LanguageModel", "TrainState", "Transformer", "__version__", "beam_search", "from_params", "generate",
-    "greedy_search", "init_train_state", "layers", "lm", "lm_loss_and_gradients", "lm_train_step", "load_train_state",
-    "load_weights", "loss_and_gradients", "model", "numerics", "numerics_scope", "params_of", "sampling",
-    "save_train_state", "save_weights", "search", "to_array", "to_tensor", "train", "train_step", "weights",
+    "greedy_search", "init_train_state", "inputs", "layers", "lm", "lm_loss_and_gradients", "lm_train_step",
+    "load_train_state", "load_weights", "loss_and_gradients", "model", "numerics", "numerics_scope", "params_of",
+    "sampling", "save_train_state", "save_weights", "search", "to_array", "to_tensor", "train", "train_step",
+    "weights",
 ]

@@ -42,6 +42,13 @@ def to_array(t: Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def parameter(config: Config, params: dict[str, np.ndarray], name: str, device: torch.device | str | None
+              ) -> nn.Parameter:
+    """The canonical parameter ``params[name]`` as an ``nn.Parameter`` of its own storage (a copy: training writes
+    it in place) in ``config.param_dtype`` on ``device``."""
+    return nn.Parameter(to_tensor(params[name]).to(device=device, dtype=DTYPES[config.param_dtype], copy=True))
+
+
 def dropout(x: Tensor, site: str, rate: float, rng: torch.Generator | None) -> Tensor:
     """Inverted dropout at a dropout site (section 5.4, ``spec.shapes.dropout_sites``): x (B, L, D) -> (B, L, D),
     each element kept with probability 1 - rate, drawn from ``rng``, and divided by 1 - rate in fp32 (the divisor
@@ -85,14 +92,15 @@ class Embedder(nn.Module):
     buffer of ``max_len`` rows in the configured layout (``positions`` None then; ``pe`` None with learned ones).
     """
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None, *,
+                 native_bf16: bool = False):
         super().__init__()
         self.native_bf16 = native_bf16
-        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
-        self.table = nn.Parameter(torch.empty(config.vocab_size, config.d_model, **kw))
+        own = functools.partial(parameter, config, params, device=device)
+        self.table = own("embedding")                                           # (V, D)
         learned = config.positions == "learned"
-        self.positions = nn.Parameter(torch.empty(config.max_len, config.d_model, **kw)) if learned else None
-        self.bias = nn.Parameter(torch.empty(config.vocab_size, **kw)) if config.logits_bias else None
+        self.positions = own("position_embedding") if learned else None         # (max_len, D)
+        self.bias = own("logits_bias") if config.logits_bias else None          # (V,)
         pe = None if learned else positional_encoding(config.max_len, config.d_model,
                                                       config.positions == "sinusoidal_halves", device)
         self.register_buffer("pe", pe, persistent=False)
@@ -109,11 +117,11 @@ class Embedder(nn.Module):
         pe = self.pe[start:end] if self.positions is None else round_to(self.positions[start:end], self.dtype)
         return (x + pe).to(self.dtype)
 
-    def decode(self, x: Tensor, table: Tensor | None = None) -> Tensor:
+    def decode(self, x: Tensor) -> Tensor:
         """Tied output projection x E^T (section 3.4, rule 7), plus the logits' bias if any (entering in the
-        activation dtype): (B, L, D) -> (B, L, V) float32, never rounded. ``table``: ``rounded_table()``, given by
-        a loop that decodes many steps, which computes it once."""
-        table = self.rounded_table() if table is None else table
+        activation dtype): (B, L, D) -> (B, L, V) float32, never rounded. The table enters as ``rounded_table()``,
+        kept between the steps of a decoding loop."""
+        table = self.rounded_table()
         bias = None if self.bias is None else round_to(self.bias, self.dtype)   # (V,) fp32
         return logits(x, table, bias, native_bf16=self.native_bf16)
 
@@ -160,15 +168,15 @@ class MultiHeadAttention(nn.Module):
     halves, so a decoder can cache keys/values: per step for self-attention, once per source for cross-attention.
     """
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str,
+                 device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        D, H, K, C = config.d_model, config.n_heads, config.d_k, config.d_v
-        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
-        bias = lambda *shape: nn.Parameter(torch.empty(*shape, **kw)) if config.attention_bias else None  # noqa: E731
-        self.w_q, self.b_q = nn.Parameter(torch.empty(D, H, K, **kw)), bias(H, K)
-        self.w_k, self.b_k = nn.Parameter(torch.empty(D, H, K, **kw)), bias(H, K)
-        self.w_v, self.b_v = nn.Parameter(torch.empty(D, H, C, **kw)), bias(H, C)
-        self.w_o, self.b_o = nn.Parameter(torch.empty(H, C, D, **kw)), bias(D)
+        own = lambda p: parameter(config, params, f"{name}.{p}", device)  # noqa: E731
+        bias = lambda p: own(p) if config.attention_bias else None  # noqa: E731
+        self.w_q, self.b_q = own("w_q"), bias("b_q")
+        self.w_k, self.b_k = own("w_k"), bias("b_k")
+        self.w_v, self.b_v = own("w_v"), bias("b_v")
+        self.w_o, self.b_o = own("w_o"), bias("b_o")
         self.native_bf16 = native_bf16
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -197,19 +205,15 @@ def activation(h: Tensor, name: str) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; ``act`` an ``activation`` name, ``config.activation``: the
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2 (equation 2; act the ``activation`` ``config.activation``: the
     paper's ReLU by default): (B, L, D) -> (B, L, D), hidden (B, L, F)."""
 
-    def __init__(self, config: Config, act: str, device: torch.device | str | None = None, *,
-                 native_bf16: bool = False):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str,
+                 device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        D, F_ = config.d_model, config.d_ff
-        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
-        self.w_1 = nn.Parameter(torch.empty(D, F_, **kw))
-        self.b_1 = nn.Parameter(torch.empty(F_, **kw))
-        self.w_2 = nn.Parameter(torch.empty(F_, D, **kw))
-        self.b_2 = nn.Parameter(torch.empty(D, **kw))
-        self.act, self.native_bf16 = act, native_bf16
+        own = lambda p: parameter(config, params, f"{name}.{p}", device)  # noqa: E731
+        self.w_1, self.b_1, self.w_2, self.b_2 = own("w_1"), own("b_1"), own("w_2"), own("b_2")  # (D, F) .. (D,)
+        self.act, self.native_bf16 = config.activation, native_bf16
 
     def forward(self, x: Tensor) -> Tensor:
         h = activation(linear(x, self.w_1, self.b_1, native_bf16=self.native_bf16), self.act)  # (B, L, F)
@@ -220,11 +224,11 @@ class LayerNorm(nn.Module):
     """LayerNorm over D (Ba et al., 2016; rule 6) with ``scale`` and ``bias`` (D): statistics and normalisation
     in fp32, rounded once to ``x.dtype``; scale and bias enter in ``x.dtype`` (rule 0)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str,
+                 device: torch.device | str | None = None):
         super().__init__()
-        kw = {"dtype": DTYPES[config.param_dtype], "device": device}
-        self.scale = nn.Parameter(torch.empty(config.d_model, **kw))
-        self.bias = nn.Parameter(torch.empty(config.d_model, **kw))
+        self.scale = parameter(config, params, f"{name}.scale", device)        # (D,)
+        self.bias = parameter(config, params, f"{name}.bias", device)          # (D,)
         self.eps = config.layer_norm_eps
 
     def forward(self, x: Tensor) -> Tensor:
@@ -243,12 +247,14 @@ class EncoderLayer(nn.Module):
     ``x + dropout(sublayer(norm(x)))``. Records each sublayer's output after dropout as ``<name>`` (``dropout``)
     and the residual line's as ``<name>.residual``, relative to the layer (the stack scopes)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str,
+                 device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        attention = functools.partial(MultiHeadAttention, config, device, native_bf16=native_bf16)
-        self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
-        self.ffn = FeedForward(config, config.activation, device, native_bf16=native_bf16)
-        self.ffn_norm = LayerNorm(config, device)
+        attention = lambda a: MultiHeadAttention(config, params, f"{name}.{a}", device, native_bf16=native_bf16)  # noqa: E731
+        norm = lambda a: LayerNorm(config, params, f"{name}.{a}", device)  # noqa: E731
+        self.self_attn, self.self_attn_norm = attention("self_attn"), norm("self_attn_norm")
+        self.ffn = FeedForward(config, params, f"{name}.ffn", device, native_bf16=native_bf16)
+        self.ffn_norm = norm("ffn_norm")
         self.norm_first, self.rate = config.norm_first, config.dropout
 
     def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
@@ -267,14 +273,16 @@ class DecoderLayer(nn.Module):
     line as ``EncoderLayer``'s: (B, n, D) -> (B, n, D). A decoder-only model's layer (``config.decoder_only``) has
     no cross-attention (``cross_attn`` and ``cross_attn_norm`` None)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str,
+                 device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        attention = functools.partial(MultiHeadAttention, config, device, native_bf16=native_bf16)
-        self.self_attn, self.self_attn_norm = attention(), LayerNorm(config, device)
+        attention = lambda a: MultiHeadAttention(config, params, f"{name}.{a}", device, native_bf16=native_bf16)  # noqa: E731
+        norm = lambda a: LayerNorm(config, params, f"{name}.{a}", device)  # noqa: E731
+        self.self_attn, self.self_attn_norm = attention("self_attn"), norm("self_attn_norm")
         self.cross_attn, self.cross_attn_norm = (None, None) if config.decoder_only else \
-            (attention(), LayerNorm(config, device))
-        self.ffn = FeedForward(config, config.activation, device, native_bf16=native_bf16)
-        self.ffn_norm = LayerNorm(config, device)
+            (attention("cross_attn"), norm("cross_attn_norm"))
+        self.ffn = FeedForward(config, params, f"{name}.ffn", device, native_bf16=native_bf16)
+        self.ffn_norm = norm("ffn_norm")
         self.norm_first, self.rate = config.norm_first, config.dropout
 
     def forward(self, y: Tensor, self_kv: tuple[Tensor, Tensor], self_mask: Tensor,

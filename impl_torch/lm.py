@@ -10,18 +10,9 @@ import torch
 from torch import Tensor
 
 import spec
-from impl_torch.layers import DTYPES, to_tensor
-from impl_torch.model import (
-    Decoder,
-    Ids,
-    KVCache,
-    TransformerBase,
-    _decode,
-    _device_ids,
-    _empty_cache,
-    _host_ids,
-    decode,
-)
+from impl_torch.inputs import Ids, device_ids, host_ids
+from impl_torch.layers import DTYPES
+from impl_torch.model import Decoder, KVCache, TransformerBase, _decode, _empty_cache, decode
 from spec import validate
 from spec.annotations import Float
 from spec.config import Config
@@ -42,9 +33,8 @@ class LanguageModel(TransformerBase):
                  native_bf16: bool = False, params: dict[str, np.ndarray] | None = None):
         validate.check_model_kind(config, decoder_only=True)
         params = spec.init_params(config, seed) if params is None else params
-        super().__init__(config, device, native_bf16)
-        self.decoder = Decoder(config, device, native_bf16=native_bf16)
-        self.load_state_dict({name: to_tensor(a) for name, a in params.items()})
+        super().__init__(config, params, device, native_bf16)
+        self.decoder = Decoder(config, params, device, native_bf16=native_bf16)
 
     def forward(self, tokens: Ids, intermediates: bool = False, *, rng: torch.Generator | None = None
                 ) -> Float[Tensor, "B T V"] | tuple[Float[Tensor, "B T V"], dict[str, Tensor]]:
@@ -55,8 +45,8 @@ class LanguageModel(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_tokens``.
         """
-        validate.check_tokens("tokens", _host_ids(tokens, "tokens"), self.config)
-        tokens = _device_ids(tokens, self.embedding.device)
+        validate.check_tokens("tokens", host_ids(tokens, "tokens"), self.config)
+        tokens = device_ids(tokens, self.embedding.device)
         with recording() if intermediates else contextlib.nullcontext() as rec:
             logits = _decode(self, tokens, _init_cache(self, tokens.shape[0], tokens.shape[1]), rng)
         return (logits, rec) if intermediates else logits

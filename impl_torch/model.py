@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 import spec
-from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout, to_tensor
+from impl_torch.inputs import Ids, device_ids, host_ids
+from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout
 from spec import validate
 from spec.annotations import Bool, Float
 from spec.config import Config
 from spec.recording import record, recording, scope
 
-Ids = Tensor | np.ndarray | Sequence[Sequence[int]]  # token ids (B, L), any integer dtype
 _TIED = {"embedding": "embedder.table", "position_embedding": "embedder.positions", "logits_bias": "embedder.bias"}
 
 
@@ -50,28 +50,31 @@ def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     return ids != pad_id
 
 
-def causal_mask(start: int, n: int, device: torch.device) -> Tensor:
-    """(n, start + n) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
+def causal_mask(start: int, n: int, capacity: int, device: torch.device) -> Tensor:
+    """(n, capacity) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
     q_pos = torch.arange(start, start + n, device=device)[:, None]
-    return torch.arange(start + n, device=device)[None, :] <= q_pos
+    return torch.arange(capacity, device=device)[None, :] <= q_pos
 
 
 class Stack(nn.Module):
     """``n`` layers of one kind, then (pre-LN only) a final LayerNorm (section 3.1): what the encoder and decoder
     stacks share."""
 
-    def __init__(self, config: Config, device: torch.device | str | None, layer: type[nn.Module], n: int, *,
-                 native_bf16: bool = False):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], layer: type[nn.Module], name: str, n: int,
+                 device: torch.device | str | None = None, *, native_bf16: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(layer(config, device, native_bf16=native_bf16) for _ in range(n))
-        self.final_norm = LayerNorm(config, device) if config.norm_first else None
+        self.layers = nn.ModuleList(layer(config, params, f"{name}.layers.{i}", device, native_bf16=native_bf16)
+                                    for i in range(n))
+        self.final_norm = LayerNorm(config, params, f"{name}.final_norm", device) if config.norm_first else None
 
 
 class Encoder(Stack):
     """N encoder layers, then (pre-LN only) a final LayerNorm: (B, S, D) -> (B, S, D)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__(config, device, EncoderLayer, config.n_encoder_layers, native_bf16=native_bf16)
+    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None, *,
+                 native_bf16: bool = False):
+        super().__init__(config, params, EncoderLayer, "encoder", config.n_encoder_layers, device,
+                         native_bf16=native_bf16)
 
     def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
         """x (B, S, D), mask (B, 1, 1, S) key padding mask."""
@@ -84,15 +87,18 @@ class Encoder(Stack):
 class Decoder(Stack):
     """N decoder layers, then (pre-LN only) a final LayerNorm: (B, n, D) -> (B, n, D)."""
 
-    def __init__(self, config: Config, device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__(config, device, DecoderLayer, config.n_decoder_layers, native_bf16=native_bf16)
+    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None, *,
+                 native_bf16: bool = False):
+        super().__init__(config, params, DecoderLayer, "decoder", config.n_decoder_layers, device,
+                         native_bf16=native_bf16)
 
     def forward(self, y: Tensor, cache: KVCache, rng: torch.Generator | None = None) -> tuple[Tensor, KVCache]:
         """n new positions y (B, n, D) at ``cache.length``.. -> (h (B, n, D), cache), the new positions' keys and
         values written into ``cache`` and ``cache.length`` advanced. ``cache.key_mask`` must already hold the new
         positions' (``_decode``)."""
         start, n = cache.length, y.shape[1]
-        self_mask = causal_mask(start, n, y.device) & cache.key_mask[:, None, None, :start + n]  # (B, 1, n, t)
+        t = start + n                                                                        # keys so far
+        self_mask = causal_mask(start, n, t, y.device) & cache.key_mask[:, None, None, :t]  # (B, 1, n, t)
         memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
@@ -105,13 +111,14 @@ class Decoder(Stack):
 
 class TransformerBase(nn.Module):
     """What ``Transformer`` and ``impl_torch.lm.LanguageModel`` share as modules: ``config``, ``native_bf16``, the
-    ``Embedder``'s parameters registered here first, by canonical name (``_TIED``; the state_dict holds each once),
-    and casts that keep ``config`` true. A subclass adds its stacks, then loads the canonical parameters."""
+    ``Embedder``'s parameters, of the canonical ``params``, registered here first, by canonical name (``_TIED``; the
+    state_dict holds each once), and casts that keep ``config`` true. A subclass adds its stacks of ``params``."""
 
-    def __init__(self, config: Config, device: torch.device | str | None, native_bf16: bool):
+    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None,
+                 native_bf16: bool):
         super().__init__()
         self.config, self.native_bf16 = config, native_bf16
-        e = self.embedder = Embedder(config, device, native_bf16=native_bf16)
+        e = self.embedder = Embedder(config, params, device, native_bf16=native_bf16)
         self.embedding, self.position_embedding, self.logits_bias = e.table, e.positions, e.bias  # None: option off
         self.register_state_dict_post_hook(_tied_once)
         self.register_load_state_dict_pre_hook(_tied_twice)
@@ -161,10 +168,9 @@ class Transformer(TransformerBase):
                  native_bf16: bool = False, params: dict[str, np.ndarray] | None = None):
         validate.check_model_kind(config, decoder_only=False)
         params = spec.init_params(config, seed) if params is None else params
-        super().__init__(config, device, native_bf16)
-        self.encoder = Encoder(config, device, native_bf16=native_bf16)
-        self.decoder = Decoder(config, device, native_bf16=native_bf16)
-        self.load_state_dict({name: to_tensor(a) for name, a in params.items()})
+        super().__init__(config, params, device, native_bf16)
+        self.encoder = Encoder(config, params, device, native_bf16=native_bf16)
+        self.decoder = Decoder(config, params, device, native_bf16=native_bf16)
 
     def forward(self, src: Ids, tgt_in: Ids, intermediates: bool = False, *, rng: torch.Generator | None = None
                 ) -> Float[Tensor, "B T V"] | tuple[Float[Tensor, "B T V"], dict[str, Tensor]]:
@@ -175,8 +181,8 @@ class Transformer(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_forward``.
         """
-        validate.check_forward(_host_ids(src), _host_ids(tgt_in, "tgt_in"), self.config)
-        src, tgt_in = _device_ids(src, self.embedding.device), _device_ids(tgt_in, self.embedding.device)
+        validate.check_forward(host_ids(src), host_ids(tgt_in, "tgt_in"), self.config)
+        src, tgt_in = device_ids(src, self.embedding.device), device_ids(tgt_in, self.embedding.device)
         # ``record`` is a no-op outside ``recording()``, so one code path serves both.
         with recording() if intermediates else contextlib.nullcontext() as rec:
             cache = _init_cache(self, _encode(self, src, rng), src, tgt_in.shape[1])
@@ -189,8 +195,8 @@ class Transformer(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_source``.
         """
-        validate.check_source(_host_ids(src), self.config)
-        return _encode(self, _device_ids(src, self.embedding.device))
+        validate.check_source(host_ids(src), self.config)
+        return _encode(self, device_ids(src, self.embedding.device))
 
     def init_cache(self, memory: Float[Tensor, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` target positions against ``memory`` (B, S, D) of ``src``.
@@ -198,9 +204,9 @@ class Transformer(TransformerBase):
         Raises:
             ValueError: from ``spec.validate.check_source`` and ``check_capacity`` (an int in [1, max_len]).
         """
-        validate.check_source(_host_ids(src), self.config)
+        validate.check_source(host_ids(src), self.config)
         validate.check_capacity(capacity, self.config)
-        return _init_cache(self, memory, _device_ids(src, self.embedding.device), int(capacity))
+        return _init_cache(self, memory, device_ids(src, self.embedding.device), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
         """As the module function ``decode``."""
@@ -220,8 +226,8 @@ def decode(model: TransformerBase, tokens: Ids, cache: KVCache) -> tuple[Float[T
         raise ValueError("cache: consumed by an earlier decode, which wrote into its buffers; go on with the "
                          "cache that decode returned")
     B, P = cache.key_mask.shape
-    validate.check_decode(_host_ids(tokens, "tokens"), model.config, B, cache.length, P)
-    logits = _decode(model, _device_ids(tokens, model.embedding.device), cache)
+    validate.check_decode(host_ids(tokens, "tokens"), model.config, B, cache.length, P)
+    logits = _decode(model, device_ids(tokens, model.embedding.device), cache)
     after = dataclasses.replace(cache)           # the same buffers, a new owner
     vars(cache)["consumed"] = True               # not a field: the cache's fields stay spec.api's
     return logits, after
@@ -256,31 +262,16 @@ def _empty_cache(model: TransformerBase, batch: int, capacity: int, dtype: torch
 
 
 def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None, *,
-            at: int | None = None, table: Tensor | None = None) -> Tensor:
+            at: int | None = None) -> Tensor:
     """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32, or (B, 1, V) of new position ``at``
     alone (a prefill that needs its last: the output projection of the others is most of its cost at a large V);
-    ``cache`` written in place. ``table``: ``model.embedder.rounded_table()``, which a search computes once rather
-    than at every step (converting a base model's table costs more than its decode step's products)."""
+    ``cache`` written in place."""
     start, n = cache.length, tokens.shape[1]
     cache.key_mask[:, start:start + n] = key_padding_mask(tokens, model.config.pad_id)
     y = dropout(model.embedder.encode(tokens, start), "tgt_embed", model.config.dropout, rng)
     y, cache = model.decoder(y, cache, rng)
     y = y if at is None else y[:, at:at + 1]
-    return record("logits", model.embedder.decode(record("decoder.out", y), table))
-
-
-def _host_ids(ids: Ids, name: str = "src") -> np.ndarray:
-    """A NumPy host copy of token ids, for ``spec.validate`` (dtype kept, so a float array is reported; ragged
-    nested lists refused in the spec's words, naming ``name``)."""
-    if isinstance(ids, Tensor):
-        ids = ids.detach().cpu()
-        return (ids.float() if ids.dtype == torch.bfloat16 else ids).numpy()  # NumPy has no bf16
-    return validate.host_ids(name, ids)
-
-
-def _device_ids(ids: Ids, device: torch.device) -> Tensor:
-    """Validated token ids as an int64 tensor on ``device`` (NumPy arrays in any memory layout)."""
-    return torch.as_tensor(np.ascontiguousarray(ids) if not isinstance(ids, Tensor) else ids, device=device).long()
+    return record("logits", model.embedder.decode(record("decoder.out", y)))
 
 
 def _tied_once(model: TransformerBase, state: dict[str, Tensor], prefix: str, _: object) -> None:

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from impl_torch.inputs import Ids, device_ids, host_ids
 from impl_torch.lm import LanguageModel, _init_cache
-from impl_torch.model import Ids, _decode, _device_ids, _host_ids
+from impl_torch.model import _decode
 from spec import sampling, validate
 from spec.annotations import Float, Int
 
@@ -67,27 +68,27 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
             computed; from ``spec.validate.check_model_kind`` for an encoder-decoder model.
     """
     c = model.config
-    host = _host_ids(prompt, "prompt")
+    host = host_ids(prompt, "prompt")
     lengths = validate.check_prompt(host, c, max_new_tokens)
     sampling.check_sampling(temperature, top_k, top_p, seed)
     validate.check_model_kind(c, decoder_only=True)
     dev = model.embedding.device
     u = torch.as_tensor(sampling.uniforms(seed, len(lengths), int(max_new_tokens)), dtype=torch.float64, device=dev)
-    return _generate(model, _device_ids(host, dev), lengths, u, temperature, top_k, top_p)
+    return _generate(model, device_ids(host, dev), lengths, u, int(max_new_tokens), temperature, top_k, top_p)
 
 
-def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tensor, temperature: float,
-              top_k: int | None, top_p: float) -> Tensor:
+def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tensor, max_new: int,
+              temperature: float, top_k: int | None, top_p: float) -> Tensor:
     """The loop of ``generate`` on validated input: prompt (B, L) int64 and its lengths (B,), uniforms u (B, N)
-    -> new tokens (B, <= N)."""
-    c, dev, (B, N) = model.config, prompt.device, u.shape
+    of the N = ``max_new`` new tokens -> new tokens (B, <= N)."""
+    c, dev, B, N = model.config, prompt.device, prompt.shape[0], max_new
     first, last = int(lengths.min()), int(lengths.max())
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                             # never generated
     length, rows = torch.as_tensor(lengths, device=dev), torch.arange(B, device=dev)
     out = torch.full((B, N), c.pad_id, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    cache, table = _init_cache(model, B, last + N), model.embedder.rounded_table()      # table: once per call
-    logits = _decode(model, prompt[:, :first], cache, at=first - 1, table=table)         # prefill
+    cache = _init_cache(model, B, last + N)
+    logits = _decode(model, prompt[:, :first], cache, at=first - 1)                      # prefill
     for pos in range(first, last + N):
         step = pos - length                                  # each row's next new token; < 0: still in its prompt
         live, at = (step >= 0) & ~done, step.clamp(0, N - 1)
@@ -97,5 +98,5 @@ def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tens
         if bool(done.all()):
             break
         fed = torch.where(step < 0, prompt[:, min(pos, prompt.shape[1] - 1)], out[rows, at])  # teacher-forced
-        logits = _decode(model, fed.masked_fill(done, c.pad_id)[:, None], cache, table=table)
+        logits = _decode(model, fed.masked_fill(done, c.pad_id)[:, None], cache)
     return out[:, :int((out != c.pad_id).sum(dim=1).max())]

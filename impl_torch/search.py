@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from impl_torch.model import Ids, Transformer, _decode, _device_ids, _encode, _host_ids, _init_cache
+from impl_torch.inputs import Ids, device_ids, host_ids
+from impl_torch.model import Transformer, _decode, _encode, _init_cache
 from spec import validate
 from spec.annotations import Int
 from spec.search import length_penalty
@@ -32,24 +33,25 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     Raises:
         ValueError: from ``spec.validate.check_source`` and ``spec.validate.generation_limits``.
     """
-    host = _host_ids(src)
+    host = host_ids(src)
     validate.check_source(host, model.config)
     limits = validate.generation_limits(host, model.config, max_new_tokens)
-    return _greedy(model, _device_ids(src, model.embedding.device), limits)
+    dev = model.embedding.device
+    out = torch.full((len(limits), int(limits.max())), model.config.pad_id, dtype=torch.long, device=dev)
+    return _greedy(model, device_ids(src, dev), limits, out)
 
 
-def _greedy(model: Transformer, src: Tensor, limits: np.ndarray) -> Tensor:
-    """The loop of ``greedy_search``: validated src (B, S) int64, limits (B,) -> tokens (B, L) int64."""
-    c, dev, L = model.config, model.embedding.device, int(limits.max())
+def _greedy(model: Transformer, src: Tensor, limits: np.ndarray, out: Tensor) -> Tensor:
+    """The loop of ``greedy_search``: validated src (B, S) int64, limits (B,), out (B, L) int64 ``pad_id``-filled,
+    whose L (the longest limit) fixes the cache capacity -> tokens (B, <= L) int64, written into ``out``."""
+    c, dev, L = model.config, model.embedding.device, out.shape[1]
     cache = _init_cache(model, _encode(model, src), src, L)
-    table = model.embedder.rounded_table()                                     # (V, D) fp32, once per search
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                   # never generated
     limit = torch.as_tensor(limits, device=dev)                                # (B,)
-    out = torch.full((len(limits), L), c.pad_id, dtype=torch.long, device=dev)
     done = torch.zeros(len(limits), dtype=torch.bool, device=dev)
     tokens = torch.full((len(limits),), c.bos_id, dtype=torch.long, device=dev)
     for t in range(L):
-        logits = _decode(model, tokens[:, None], cache, table=table)[:, 0].index_fill_(-1, special, -torch.inf)
+        logits = _decode(model, tokens[:, None], cache)[:, 0].index_fill_(-1, special, -torch.inf)
         tokens = logits.argmax(dim=-1).masked_fill(done, c.pad_id)              # argmax: first of equal maxima
         out[:, t] = tokens
         done |= (tokens == c.eos_id) | (t + 1 >= limit)
@@ -59,14 +61,15 @@ def _greedy(model: Transformer, src: Tensor, limits: np.ndarray) -> Tensor:
 
 
 class BeamState(NamedTuple):
-    """The live state of a batched beam search over B sources, k beams each: alive_seq (B, k, t) int64, the alive
-    hypotheses; alive_lp (B, k) fp32, their log-probabilities; fin_seq (B, k, L) int64, the finished ones padded
-    to L; fin_score (B, k) fp32, their length-penalised scores (-inf: an empty slot)."""
+    """The live state of a batched beam search over B sources, k beams each (the fields named as Flax's
+    ``decode.py`` names them): live_seqs (B, k, t) int64, the live hypotheses; live_logprobs (B, k) fp32, their
+    log-probabilities; finished_seqs (B, k, L) int64, the finished ones padded to L; finished_scores (B, k) fp32,
+    their length-penalised scores (-inf: an empty slot)."""
 
-    alive_seq: Tensor
-    alive_lp: Tensor
-    fin_seq: Tensor
-    fin_score: Tensor
+    live_seqs: Tensor
+    live_logprobs: Tensor
+    finished_seqs: Tensor
+    finished_scores: Tensor
 
 
 @torch.inference_mode()
@@ -84,38 +87,41 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     Raises:
         ValueError: from ``spec.validate.check_source``, ``generation_limits`` and ``check_beam``.
     """
-    host = _host_ids(src)
+    host = host_ids(src)
     validate.check_source(host, model.config)
     limits = validate.generation_limits(host, model.config, max_new_tokens)
     validate.check_beam(beam_size, alpha, limits)
-    return _beam(model, _device_ids(src, model.embedding.device), limits, int(beam_size), float(alpha))
+    penalties = torch.tensor([length_penalty(n, float(alpha)) for n in range(int(limits.max()) + 1)],
+                             dtype=torch.float32, device=model.embedding.device)        # (L + 1,)
+    return _beam(model, device_ids(src, model.embedding.device), limits, penalties, int(beam_size))
 
 
-def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: float) -> Tensor:
-    """The loop of ``beam_search``: validated src (B, S) int64, limits (B,), k beams -> tokens (B, L) int64."""
+def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor, k: int) -> Tensor:
+    """The loop of ``beam_search``: validated src (B, S) int64, limits (B,), penalties (L + 1,) float32 the length
+    penalties of lengths 0..L, whose L (the longest limit) fixes the cache capacity, k beams -> tokens (B, <= L)
+    int64."""
     c, V, dev = model.config, model.config.vocab_size, model.embedding.device
-    B, L = len(limits), int(limits.max())
+    B, L = len(limits), penalties.shape[0] - 1
     memory = _encode(model, src).repeat_interleave(k, dim=0)                        # (B*k, S, D): encoded once
     cache = _init_cache(model, memory, src.repeat_interleave(k, dim=0), L)
-    table = model.embedder.rounded_table()                                          # (V, D) fp32, once per search
     f32 = {"dtype": torch.float32, "device": dev}
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                       # never generated
-    max_lp = torch.tensor([length_penalty(int(n), alpha) for n in limits], **f32)  # (B,) lp(limit_b)
-    alive_lp = torch.full((B, k), -torch.inf, **f32)                               # (B, k): only beam 0 alive
-    alive_lp[:, 0] = 0.0
-    s = BeamState(alive_seq=torch.zeros(B, k, 0, dtype=torch.long, device=dev), alive_lp=alive_lp,
-                  fin_seq=torch.full((B, k, L), c.pad_id, dtype=torch.long, device=dev),
-                  fin_score=torch.full((B, k), -torch.inf, **f32))
+    limit_penalty = penalties[torch.as_tensor(limits, device=dev)]                 # (B,) of each source's limit
+    live_logprobs = torch.full((B, k), -torch.inf, **f32)                               # (B, k): only beam 0 alive
+    live_logprobs[:, 0] = 0.0
+    s = BeamState(live_seqs=torch.zeros(B, k, 0, dtype=torch.long, device=dev), live_logprobs=live_logprobs,
+                  finished_seqs=torch.full((B, k, L), c.pad_id, dtype=torch.long, device=dev),
+                  finished_scores=torch.full((B, k), -torch.inf, **f32))
     tokens = torch.full((B * k,), c.bos_id, dtype=torch.long, device=dev)
     rows = torch.arange(B, device=dev)[:, None] * k                                 # (B, 1) first row of each source
     results: list[Tensor | None] = [None] * B
     for t in range(1, L + 1):
-        logits = _decode(model, tokens[:, None], cache, table=table)[:, 0]          # (B*k, V) fp32
+        logits = _decode(model, tokens[:, None], cache)[:, 0]          # (B*k, V) fp32
         logp = torch.log_softmax(logits, dim=-1).index_fill_(-1, special, -torch.inf)  # over all of V, then -inf
-        cand = (s.alive_lp[..., None] + logp.view(B, k, V)).view(B, k * V)
+        cand = (s.live_logprobs[..., None] + logp.view(B, k, V)).view(B, k * V)
         top = _top(cand, 2 * k)                                                     # (B, 2k) flat indices
         beam, tok, score = top // V, top % V, cand.gather(1, top)
-        seq = torch.cat([s.alive_seq.take_along_dim(beam[..., None], 1), tok[..., None]], dim=-1)  # (B, 2k, t)
+        seq = torch.cat([s.live_seqs.take_along_dim(beam[..., None], 1), tok[..., None]], dim=-1)  # (B, 2k, t)
         is_eos = tok == c.eos_id
 
         alive_score = score.masked_fill(is_eos, -torch.inf)
@@ -128,19 +134,20 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, k: int, alpha: fl
             ck[:, :, :n], cv[:, :, :n] = ck[picked, :, :n], cv[picked, :, :n]
         cache.key_mask[:, :n] = cache.key_mask[picked, :n]
 
-        new_score = torch.where(is_eos, score / torch.tensor(length_penalty(t, alpha), **f32), -torch.inf)
-        merged = torch.cat([s.fin_score, new_score], dim=1)                         # (B, 3k): old before new
+        new_score = torch.where(is_eos, score / penalties[t], -torch.inf)
+        merged = torch.cat([s.finished_scores, new_score], dim=1)                         # (B, 3k): old before new
         keep = merged.sort(dim=-1, descending=True, stable=True).indices[:, :k]
-        padded = torch.cat([s.fin_seq, torch.nn.functional.pad(seq, (0, L - t), value=c.pad_id)], dim=1)
+        padded = torch.cat([s.finished_seqs, torch.nn.functional.pad(seq, (0, L - t), value=c.pad_id)], dim=1)
         s = BeamState(seq.take_along_dim(alive[..., None], 1), alive_score.gather(1, alive),
                       padded.take_along_dim(keep[..., None], 1), merged.gather(1, keep))
 
-        stop = (s.fin_score.min(dim=1).values >= s.alive_lp.max(dim=1).values / max_lp).cpu().numpy() | (t == limits)
+        best_reachable = s.live_logprobs.max(dim=1).values / limit_penalty                # (B,)
+        stop = (s.finished_scores.min(dim=1).values >= best_reachable).cpu().numpy() | (t == limits)
         for b in stop.nonzero()[0]:
             if results[b] is None:  # the best finished up to its EOS, else (none finished) the best alive
-                fin = s.fin_seq[b, 0]
-                results[b] = fin[:int((fin == c.eos_id).nonzero()[0]) + 1] if torch.isfinite(s.fin_score[b, 0]) \
-                    else s.alive_seq[b, 0]
+                fin = s.finished_seqs[b, 0]
+                results[b] = fin[:int((fin == c.eos_id).nonzero()[0]) + 1] if torch.isfinite(s.finished_scores[b, 0]) \
+                    else s.live_seqs[b, 0]
         if all(r is not None for r in results):
             break
     out = torch.full((B, max(len(r) for r in results)), c.pad_id, dtype=torch.long, device=dev)

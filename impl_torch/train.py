@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.adam import adam
 
+from impl_torch.inputs import Ids, device_ids, host_ids
 from impl_torch.layers import to_array, to_tensor
 from impl_torch.lm import LanguageModel
-from impl_torch.model import Ids, Transformer, TransformerBase, _device_ids, _host_ids
+from impl_torch.model import Transformer, TransformerBase
 from spec import train_state_io as spec_io
 from spec import training, validate
 from spec.training import TrainConfig
@@ -62,12 +63,12 @@ def init_train_state(model: TransformerBase, train_config: TrainConfig | None = 
                       rng=torch.Generator(device=model.embedding.device).manual_seed(int(seed)))
 
 
-def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float = 0.1, *,
-                       rng: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, label_smoothing: float = 0.1
+                       ) -> tuple[Tensor, dict[str, Tensor]]:
     """The label-smoothed loss of ``spec.training`` (section 5.4) and its gradient: (loss, a 0-d float32 tensor;
-    {canonical name: float32 gradient of the parameter's shape} in ``spec.schema`` order); without dropout unless
-    an ``rng`` (keyword) is given, dropout's generator. For fp32 parameters computing in bf16 these are the
-    gradients of the fp32 master weights; for bf16 parameters, of their fp32 values.
+    {canonical name: float32 gradient of the parameter's shape} in ``spec.schema`` order), without dropout (as
+    ``spec.api``; ``train_step`` draws its dropout from ``state.rng``). For fp32 parameters computing in bf16
+    these are the gradients of the fp32 master weights; for bf16 parameters, of their fp32 values.
 
     The forward runs on fp32 leaves standing in for the parameters (``functional_call``): the same values (a bf16
     parameter's upcast is exact), so the model computes what it always does, while the gradients come out fp32
@@ -77,7 +78,7 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
         ValueError: from ``spec.validate.check_train_batch``, before anything is computed.
     """
     src, tgt_in, tgt_out = _batch(model, src, tgt_in, tgt_out)
-    return _loss_and_gradients(model, (src, tgt_in), tgt_out, label_smoothing, rng)
+    return _loss_and_gradients(model, (src, tgt_in), tgt_out, label_smoothing, None)
 
 
 def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt_out: Ids
@@ -94,7 +95,7 @@ def train_step(model: Transformer, state: TrainState, src: Ids, tgt_in: Ids, tgt
     """
     src, tgt_in, tgt_out = _batch(model, src, tgt_in, tgt_out)
     _check_state(model, state)
-    loss, grads = loss_and_gradients(model, src, tgt_in, tgt_out, state.train_config.label_smoothing, rng=state.rng)
+    loss, grads = _loss_and_gradients(model, (src, tgt_in), tgt_out, state.train_config.label_smoothing, state.rng)
     adam_update(dict(model.named_parameters()), grads, state)
     return loss, model, state
 
@@ -159,13 +160,15 @@ def load_train_state(path: str | os.PathLike, model: TransformerBase) -> TrainSt
 
 
 def smoothed_loss(logits: Tensor, tgt_out: Tensor, label_smoothing: float, pad_id: int, *,
-                  reduction: str = "mean") -> Tensor:
+                  count: Tensor | int | None = None) -> Tensor:
     """spec.training's label-smoothed loss (section 5.4) of logits (B, T, V) float32 against tgt_out (B, T) int64
-    on their device, in fp32: (1 - eps) NLL + eps mean_v(-log p_v) over the non-pad targets, their mean
-    (``reduction="mean"``) or sum (``"sum"``, which a data-parallel worker divides by the global batch's token
-    count) -> () float32."""
-    return F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=pad_id,
-                           label_smoothing=label_smoothing, reduction=reduction)        # () float32
+    on their device, in fp32: (1 - eps) NLL + eps mean_v(-log p_v) summed over the non-pad targets and divided by
+    ``count`` (the global batch's non-pad targets when this batch is one data-parallel worker's share of it) or,
+    if None, by this batch's own: their mean -> () float32."""
+    args = (logits.flatten(0, 1), tgt_out.flatten())
+    if count is None:
+        return F.cross_entropy(*args, ignore_index=pad_id, label_smoothing=label_smoothing)       # () float32
+    return F.cross_entropy(*args, ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum") / count
 
 
 @torch.no_grad()
@@ -199,17 +202,17 @@ def adam_update(params: dict[str, nn.Parameter], grads: dict[str, Tensor], state
 def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[Tensor, Tensor, Tensor]:
     """A training batch checked by ``spec.validate.check_train_batch`` on host copies, then as int64 tensors on
     the model's device: src (B, S), tgt_in (B, T), tgt_out (B, T)."""
-    validate.check_train_batch(_host_ids(src), _host_ids(tgt_in, "tgt_in"), _host_ids(tgt_out, "tgt_out"),
+    validate.check_train_batch(host_ids(src), host_ids(tgt_in, "tgt_in"), host_ids(tgt_out, "tgt_out"),
                                model.config)
     dev = model.embedding.device
-    return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
+    return device_ids(src, dev), device_ids(tgt_in, dev), device_ids(tgt_out, dev)
 
 
 def _lm_batch(model: LanguageModel, tokens: Ids) -> Tensor:
     """A next-token batch checked by ``spec.validate.check_lm_batch`` on a host copy, then as an int64 tensor
     (B, T) on the model's device."""
-    validate.check_lm_batch(_host_ids(tokens, "tokens"), model.config)
-    return _device_ids(tokens, model.embedding.device)
+    validate.check_lm_batch(host_ids(tokens, "tokens"), model.config)
+    return device_ids(tokens, model.embedding.device)
 
 
 def _check_state(model: TransformerBase, state: TrainState) -> None:
@@ -226,13 +229,13 @@ def _check_state(model: TransformerBase, state: TrainState) -> None:
                                  f"the parameter {tuple(p.shape)}")
 
 
-def _loss_and_gradients(model: TransformerBase, inputs: tuple[Tensor, ...], targets: Tensor,
+def _loss_and_gradients(model: TransformerBase, inputs: tuple[Tensor, ...], tgt_out: Tensor,
                         label_smoothing: float, rng: torch.Generator | None) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of ``model(*inputs)`` against ``targets`` and its gradients with respect to fp32 leaves standing in
+    """The loss of ``model(*inputs)`` against ``tgt_out`` and its gradients with respect to fp32 leaves standing in
     for the parameters (``loss_and_gradients`` says why), in ``spec.schema`` order."""
     leaves = {name: p.detach().float().requires_grad_() for name, p in model.named_parameters()}
     with torch.enable_grad():
         logits = torch.func.functional_call(model, leaves, inputs, {"rng": rng})  # (B, T, V) float32
-        loss = smoothed_loss(logits, targets, label_smoothing, model.config.pad_id)  # () float32
+        loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)  # () float32
         grads = torch.autograd.grad(loss, list(leaves.values()))
     return loss.detach(), dict(zip(leaves, grads, strict=True))

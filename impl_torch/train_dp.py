@@ -50,7 +50,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.nn.parallel import DistributedDataParallel
 
 import impl_torch
-from impl_torch.model import _device_ids, _host_ids
+from impl_torch.inputs import device_ids, host_ids
 from impl_torch.numerics import numerics_scope
 from impl_torch.train import adam_update, smoothed_loss
 from spec import data_parallel, data_parallel_cli, validate
@@ -85,7 +85,7 @@ class DataParallel:
                              f"{dist.get_world_size()} processes")
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.chief = self.rank == 0
-        device = _devices()
+        device = _device()
         self.model = impl_torch.Transformer(o.config, seed=o.seed, device=device)
         self.state = impl_torch.init_train_state(self.model, o.train_config, seed=o.seed)
         if self.rank:  # SeedSequence([seed, rank])'s first 32-bit word: a hash, no stream shared by construction
@@ -104,7 +104,7 @@ class DataParallel:
             ValueError: from ``spec.validate.check_train_batch`` on the global batch, before anything is computed.
         """
         names = ("src", "tgt_in", "tgt_out")
-        validate.check_train_batch(*(_host_ids(ids, n) for ids, n in zip(batch, names, strict=True)), self.model.config)
+        validate.check_train_batch(*(host_ids(ids, n) for ids, n in zip(batch, names, strict=True)), self.model.config)
         n = data_parallel.token_count(batch[2], self.model.config.pad_id)   # N: the global batch's targets
         # This worker's forward and backward through DDP on its shard: its share ``sum_local / N``; DDP leaves the
         # global gradient (the all-reduced average of the workers' ``W * share``) in each parameter's ``.grad``.
@@ -113,7 +113,7 @@ class DataParallel:
         with torch.enable_grad():
             logits = self.ddp(src, tgt_in, rng=self.state.rng)                              # (B/W, T, V) float32
             share = smoothed_loss(logits, tgt_out, self.state.train_config.label_smoothing,
-                                  self.model.config.pad_id, reduction="sum") / n            # () float32
+                                  self.model.config.pad_id, count=n)                         # () float32
             (share * self.world).backward()  # DDP divides by W while it all-reduces
         loss = share.detach().clone()                                       # () float32
         dist.all_reduce(loss)  # the sum of the shares: the global loss, for reporting (no gradient flows here)
@@ -162,7 +162,7 @@ class DataParallel:
         tgt_in and tgt_out (B/W, T) as int64 tensors on the model's device."""
         src, tgt_in, tgt_out = data_parallel.shard(batch, self.rank, self.world)
         dev = self.model.embedding.device
-        return _device_ids(src, dev), _device_ids(tgt_in, dev), _device_ids(tgt_out, dev)
+        return device_ids(src, dev), device_ids(tgt_in, dev), device_ids(tgt_out, dev)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 # ----------------------------------------------------------------- internals
 
-def _devices() -> torch.device:
+def _device() -> torch.device:
     """This worker's device: ``cuda:<LOCAL_RANK>`` where CUDA is available, else the CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -225,7 +225,7 @@ def _process_group(workers: int, torchrun: bool) -> Iterator[None]:
             raise SystemExit(f"{MODULE}: --data-parallel {workers}, but torchrun started {world} processes "
                              f"(WORLD_SIZE); give torchrun --nproc-per-node {workers} (times its nodes)")
         if backend == "nccl":
-            torch.cuda.set_device(_devices())
+            torch.cuda.set_device(_device())
         dist.init_process_group(backend, timeout=TIMEOUT)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)

@@ -4,6 +4,7 @@ in the same order.
     python -m tools.skeleton                                  # fails below --min-score 0.85 or --min-pair 0.75
     python -m tools.skeleton --min-score 0.5 --min-pair 0     # looser thresholds
     python -m tools.skeleton --table --names                  # the table even when it passes; unshared names
+    python -m tools.skeleton --signatures                     # the shared definitions whose arguments differ
 
 For every file name found in any impl (``impl_*/*.py``, not their tests), it lists the top-level functions and
 classes and each class's methods (in source order, ``Class.method``) and compares the impls pairwise with difflib's
@@ -14,6 +15,11 @@ for the files where it has the impls' role (``REFERENCE_FILES``: the products, t
 package's functional entry points or the search, whose reference (``spec.search``) traces margins. It reads names
 only: a map of drift, not a verdict on style. Exit status 1 when a threshold is not met, with the table and what
 fell short.
+
+Signatures: of the definitions that all three impls have (``file:Class.method``), those whose argument names
+differ (in order, positional and keyword; ``PLUMBING`` aside: ``self``, a torch ``device``, ``native_bf16``,
+``dtype``). ``--max-differ`` bounds their number (each one that stays is named, with its reason, in
+docs/library.md's "Where the impls differ, and why").
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ IMPLS = ("impl_torch", "impl_jax", "impl_tf")
 REFERENCE = "spec/reference"
 REFERENCE_FILES = ("numerics.py", "layers.py", "model.py")
 ROOT = Path(__file__).resolve().parents[1]
+PLUMBING = {"self", "cls", "device", "native_bf16", "dtype"}  # framework plumbing, not part of a signature
 
 
 @dataclasses.dataclass
@@ -49,6 +56,34 @@ def names(path: Path) -> list[str]:
         elif isinstance(node, ast.ClassDef):
             out.append(node.name)
             out += [f"{node.name}.{m.name}" for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return out
+
+
+def arguments(path: Path) -> dict[str, list[str]]:
+    """``{"Class.method" or "function": its argument names in order}`` of a Python file, top level and one class
+    level down, ``PLUMBING`` left out."""
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        members = [(f"{node.name}.", m) for m in node.body] if isinstance(node, ast.ClassDef) else [("", node)]
+        for prefix, d in members:
+            if isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = d.args
+                out[prefix + d.name] = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in PLUMBING]
+    return out
+
+
+def differing_signatures(root: Path, impls: tuple[str, ...] = IMPLS) -> dict[str, dict[str, list[str]]]:
+    """``{"file:definition": {impl: argument names}}`` for each definition every impl has whose argument names
+    are not the same in all of them."""
+    out = {}
+    for f in sorted({p.name for impl in impls for p in (root / impl).glob("*.py")}):
+        if not all((root / impl / f).exists() for impl in impls):
+            continue
+        args = {impl: arguments(root / impl / f) for impl in impls}
+        for name in sorted(set.intersection(*(set(a) for a in args.values()))):
+            sigs = {impl: args[impl][name] for impl in impls}
+            if len({tuple(s) for s in sigs.values()}) > 1:
+                out[f"{f}:{name}"] = sigs
     return out
 
 
@@ -120,10 +155,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="the folder holding impl_torch/, impl_jax/, impl_tf/ and spec/reference/")
     p.add_argument("--table", action="store_true", help="print the table even when the thresholds are met")
     p.add_argument("--names", action="store_true", help="with the table, the definitions not every impl has")
+    p.add_argument("--max-differ", type=int, default=8,
+                   help="the most shared definitions whose argument lists may differ")
+    p.add_argument("--signatures", action="store_true", help="list those definitions even when within the bound")
     args = p.parse_args(argv)
     files = scores(args.root)
     score, low = mean_score(files), min_pair(files)
-    short = []
+    differ = differing_signatures(args.root)
+    short = [f"{len(differ)} shared definitions differ in arguments > --max-differ {args.max_differ}"
+             ] if len(differ) > args.max_differ else []
     if score < args.min_score:
         short.append(f"score {score:.2f} < --min-score {args.min_score:.2f}")
     if low < args.min_pair:
@@ -134,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table(files, args.names))
     print(f"skeleton score {score:.2f}, lowest pair {low:.2f} over {len(files)} files "
           f"(1.00 = the same definitions in the same order in every impl)")
+    print(f"signatures: {len(differ)} shared definitions differ in arguments")
+    if short or args.signatures:
+        for name, sigs in differ.items():
+            print(f"  {name}: " + "; ".join(f"{_short(i)} ({', '.join(a)})" for i, a in sigs.items()))
     for line in short:
         print(f"below threshold: {line}")
     return 1 if short else 0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from impl_jax import layers, numerics
+from spec import TINY
 from spec import reference as ref
 from spec.numerics import Numerics
 
@@ -102,13 +103,15 @@ def test_scores_stay_fp32():
 def test_layer_norm_statistics_in_fp32():
     x = np.full((1, 1, 8), 256.0, ml_dtypes.bfloat16)
     x[..., 0] = 258.0                                     # deviations far below bf16 resolution of the mean
-    norm = layers.LayerNorm({"n.scale": jnp.ones(8, jnp.bfloat16), "n.bias": jnp.zeros(8, jnp.bfloat16)}, "n", 1e-6)
+    params = {"n.scale": jnp.ones(8, jnp.bfloat16), "n.bias": jnp.zeros(8, jnp.bfloat16)}
+    norm = layers.LayerNorm(TINY.replace(layer_norm_eps=1e-6), params, "n")
     y = np.asarray(norm(x)).astype(np.float64)
     np.testing.assert_allclose(y[0, 0, 0], np.sqrt(7.0), rtol=2**-7)
 
 
 def test_a_layer_is_a_pytree_of_its_parameters_with_static_config():
-    norm = layers.LayerNorm({"n.scale": jnp.ones(8), "n.bias": jnp.zeros(8)}, "n", 1e-6)
+    params = {"n.scale": jnp.ones(8), "n.bias": jnp.zeros(8)}
+    norm = layers.LayerNorm(TINY.replace(layer_norm_eps=1e-6), params, "n")
     leaves, treedef = jax.tree.flatten(norm)
     assert len(leaves) == 2 and jax.tree.unflatten(treedef, leaves).eps == 1e-6
     doubled = jax.tree.map(lambda x: 2 * x, norm)                # unflattening calls no __init__

@@ -42,8 +42,8 @@ def test_linear_accumulates_in_fp32_and_rounds_once_after_the_bias():
 def test_layer_norm_statistics_in_fp32():
     x = _bf16(2, 5, 32, seed=4, scale=1e-3)                                # variance ~ eps: eps is visible
     scale, bias = _bf16(32, seed=5).abs() + 0.5, _bf16(32, seed=6)
-    norm = impl_torch.layers.LayerNorm(TINY.replace(d_model=32, layer_norm_eps=1e-6))
-    norm.scale.data, norm.bias.data = scale, bias
+    params = {"n.scale": impl_torch.to_array(scale), "n.bias": impl_torch.to_array(bias)}
+    norm = impl_torch.layers.LayerNorm(TINY.replace(d_model=32, layer_norm_eps=1e-6), params, "n")
     y = norm(x)
     xd = x.double()
     ref = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, unbiased=False, keepdim=True) + 1e-6)

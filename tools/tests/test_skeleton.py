@@ -85,3 +85,18 @@ def test_the_reference_joins_only_for_its_files(tmp_path, capsys):
     assert skeleton.main(["--root", str(root), "--table"]) == 0           # mean (3 * 0.75 + 6 * 1) / 9
     out = capsys.readouterr().out
     assert "ref~torch" in out and "skeleton score 0.92, lowest pair 0.75" in out
+
+
+def test_differing_argument_lists_of_shared_definitions_are_counted_and_bounded(tmp_path, capsys):
+    torch_model = MODEL.replace("def forward(self)", "def forward(self, x, device=None)")  # plumbing left out
+    other = MODEL.replace("def forward(self)", "def forward(self, y)").replace("def helper()", "def helper(a)")
+    root = _impls(tmp_path, {"impl_torch": {"model.py": torch_model},
+                             "impl_jax": {"model.py": MODEL.replace("def forward(self)", "def forward(self, x)")},
+                             "impl_tf": {"model.py": other}})
+    differ = skeleton.differing_signatures(root)
+    assert differ == {"model.py:Model.forward": {"impl_torch": ["x"], "impl_jax": ["x"], "impl_tf": ["y"]},
+                      "model.py:helper": {"impl_torch": [], "impl_jax": [], "impl_tf": ["a"]}}
+    assert skeleton.main(["--root", str(root), "--min-score", "0", "--min-pair", "0", "--max-differ", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "2 shared definitions differ in arguments > --max-differ 1" in out and "tf (y)" in out
+    assert skeleton.main(["--root", str(root), "--min-score", "0", "--min-pair", "0", "--max-differ", "2"]) == 0

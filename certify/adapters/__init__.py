@@ -1,0 +1,7 @@
+"""Conformance-suite adapters of third-party models, one module each, each defining ``make_backend()``
+(the protocol of ``conformance.adapters.base``):
+
+    pytest --pyargs conformance --backend certify.adapters.nn_transformer
+"""
+
+ADAPTERS = ("nn_transformer", "nn_transformer_autocast", "hf_marian", "hf_gpt2")  # the order of the table

@@ -77,7 +77,8 @@ class Unsupported:
 
 def describe(library: str, version: str) -> str:
     """The library, its version, torch's and the CPU's, for the report."""
-    return f"{library} {version}, torch {torch.__version__} ({torch.get_num_threads()} threads), {platform.machine()}"
+    named = f"{library} {version}" if version else library
+    return f"{named}, torch {torch.__version__} ({torch.get_num_threads()} threads), {platform.machine()}"
 
 
 def no_sampling(*_args, **_kwargs):

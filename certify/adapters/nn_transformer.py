@@ -202,7 +202,7 @@ class Backend:
 
     def describe(self) -> str:
         how = "bf16 by torch.autocast, fp32 weights" if self.autocast else "bf16 by model.to(torch.bfloat16)"
-        return common.describe(f"torch.nn.Transformer ({how})", torch.__version__)
+        return common.describe(f"torch.nn.Transformer ({how})", "")
 
     sample = staticmethod(common.no_sampling)
 

@@ -27,7 +27,10 @@ COLUMNS = ("result", "worst error / limit (% of limit)", "worst tensor", "÷ fai
 LAYOUTS = ((False, True), (False, False), (True, True), (True, False))  # (stacked, wide), the most readable first
 NAME_WIDTH = 48  # a check name may fold past this many characters; the other cells should fit unwrapped
 MESSAGE_WIDTH = 36  # the terminal cuts why a check did not pass short: pytest's output and the Markdown have it all
-STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow"}
+# A check's outcomes, the worst of its phases' last: "not supported" is a capability the backend says it lacks
+# (conformance.adapters.base.CAPABILITIES), counted apart from the checks that ran.
+OUTCOMES = ("passed", "skipped", "not supported", "failed")
+STYLE = {"passed": "green", "failed": "bold red", "skipped": "yellow", "not supported": "cyan"}
 # The legend; its second part only where the "÷ faithful" column is shown.
 LEGEND = ("worst error / limit: the judged tensor nearest its limit (max or RMS criterion), in ulps of its dtype "
           "at the tensor's RMS scale (weights after Adam steps: in learning-rate steps); over 100% of the limit "
@@ -61,9 +64,10 @@ def worst(checks: dict[str, dict]) -> dict | None:
 def _cell(checks: dict[str, dict], family: bool) -> dict:
     """One backend's cells for a family line (``family``) or for a single check."""
     n = Counter(e["outcome"] for e in checks.values())
-    outcome = "failed" if n["failed"] else "skipped" if n["skipped"] else "passed"
+    outcome = max(n, key=OUTCOMES.index)
     w = worst(checks)
-    return {"outcome": outcome, "result": f"{n['passed']}/{len(checks)} passed" if family else outcome,
+    result = f"{n['passed']}/{len(checks)} passed" + f", {n['not supported']} not supported" * bool(n["not supported"])
+    return {"outcome": outcome, "result": result if family else outcome,
             "error": f"{w['criterion']} {w['err']:.3g} / {w['limit']:.3g} {UNIT[w['unit']]} "
                      f"({100 * w['used']:.0f}%)" if w else "",
             "message": "" if family else next(iter(checks.values()))["message"],
@@ -107,8 +111,8 @@ def _label(report: dict) -> str:
 def summary_line(report: dict) -> str:
     n = Counter(e["outcome"] for e in report["checks"].values())
     described = f" ({report['describe']})" if report["describe"] else ""
-    line = (f"{report['backend']}{described}: {n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped "
-            f"in {report['duration_s']:.1f} s")
+    line = (f"{report['backend']}{described}: {n['passed']} passed, {n['failed']} failed, {n['skipped']} skipped"
+            + f", {n['not supported']} not supported" * bool(n["not supported"]) + f" in {report['duration_s']:.1f} s")
     if report["partial"]:
         line += (f" — PARTIAL RUN ({len(report['checks'])} of {report['collected']} collected checks; "
                  f"filter: {report['filter']})")

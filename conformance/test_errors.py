@@ -49,6 +49,7 @@ def _case():
     return next(c for c in G.all_cases() if c.name == CASE)
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
 def test_bad_input_forward(bad, model_for):
     case = _case()
@@ -58,6 +59,7 @@ def test_bad_input_forward(bad, model_for):
         model_for(case).forward(src, tgt_in)
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("entry", ["encode", "greedy", "beam", "decode_steps"])
 @pytest.mark.parametrize("bad", sorted(SOURCE_ONLY))
 def test_bad_source_other_entry_points(bad, entry, model_for):
@@ -72,6 +74,7 @@ def test_bad_source_other_entry_points(bad, entry, model_for):
             getattr(model, entry)(src)
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("call, pattern", [
     (lambda m, s: m.greedy(s, max_new_tokens=0), r"max_new_tokens must be a positive int"),
     (lambda m, s: m.beam(s, max_new_tokens=-2), r"max_new_tokens must be a positive int"),
@@ -94,6 +97,7 @@ def test_bad_generation_arguments(call, pattern, model_for):
         call(model_for(case), case.inputs["src"])
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("capacity, chunks, pattern", [
     (2.5, None, r"capacity must be an int in \[1, max_len=64\], got 2.5"),
     (True, None, r"capacity must be an int in \[1, max_len=64\], got True"),

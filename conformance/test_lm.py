@@ -123,6 +123,7 @@ BAD_SETTINGS = {
 }
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("bad", BAD_PROMPTS, ids=str)
 def test_lm_bad_prompt(bad, model_for):
     prompt, pattern = BAD_PROMPTS[bad]
@@ -130,6 +131,7 @@ def test_lm_bad_prompt(bad, model_for):
         model_for(_case("lm_greedy_tiny_float32")).generate(np.asarray(prompt), 4)
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("bad", BAD_SETTINGS, ids=str)
 def test_lm_bad_sampling_settings(bad, model_for):
     settings, pattern = BAD_SETTINGS[bad]
@@ -137,6 +139,7 @@ def test_lm_bad_sampling_settings(bad, model_for):
         model_for(_case("lm_greedy_tiny_float32")).generate(np.array([[1, 5]]), 4, **settings)
 
 
+@pytest.mark.needs("errors")
 def test_lm_prompt_longer_than_context(model_for):
     """A prompt that leaves no room for ``max_new_tokens`` in the context is refused, never cut."""
     case = _case("lm_greedy_tiny_float32")

@@ -52,6 +52,7 @@ def _non_finite(p):
     p["embedding"] = a
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("corrupt, pattern", [
     (_missing, r"missing parameter 'decoder\.layers\.1\.ffn\.b_2'"),
     (_unexpected, r"unexpected parameter 'encoder\.layers\.0\.ffn\.b_3'"),
@@ -67,6 +68,7 @@ def test_bad_weights_file(corrupt, pattern, backend, tmp_path):
         backend.load(tmp_path / "bad.safetensors")
 
 
+@pytest.mark.needs("errors")
 def test_truncated_weights_file(backend, tmp_path):
     save_weights(tmp_path / "ok.safetensors", TINY, init_params(TINY, 0))
     data = (tmp_path / "ok.safetensors").read_bytes()
@@ -75,6 +77,7 @@ def test_truncated_weights_file(backend, tmp_path):
         backend.load(tmp_path / "cut.safetensors")
 
 
+@pytest.mark.needs("errors")
 @pytest.mark.parametrize("metadata, pattern", [
     ({"config": "{not json"}, r"bad\.safetensors: the 'config' metadata is not valid JSON"),
     ({"config": "[1, 2]"}, r"bad\.safetensors: the 'config' metadata is not a JSON object"),

@@ -27,7 +27,6 @@ import numpy as np
 from spec.config import Config
 from spec.training import TrainConfig
 
-
 CAPABILITIES = frozenset({
     "encoder_decoder", "decoder_only",   # the model kinds it can load
     "float32", "bfloat16",               # the activation dtypes (``Config.dtype``) it can run
@@ -39,7 +38,8 @@ CAPABILITIES = frozenset({
     "dropout",                           # Model.forward(dropout_seed=...)
     "train",                             # Model.train
     "save",                              # Model.save
-    "errors",                            # the spec's ValueError on bad ids and arguments
+    "errors",                            # the spec's ValueError on bad ids, arguments and weights files
+    "api",                               # an impl of spec.api's common API, as the backend's ``module``
 })
 
 
@@ -101,7 +101,7 @@ class Model(Protocol):
 
 class Backend(Protocol):
     name: str
-    supports: frozenset[str]  # a subset of CAPABILITIES; the built-in backends support all of them
+    supports: frozenset[str]  # a subset of CAPABILITIES; a backend without it (the built-in ones) supports them all
 
     def load(self, path: Path) -> Model:
         """Build a model from a canonical safetensors file with the backend's own ``load_weights``."""

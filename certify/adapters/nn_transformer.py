@@ -12,9 +12,11 @@ bf16 (``config.dtype == "bfloat16"``): the whole module cast with ``model.to(tor
 peer runs it (``certify.adapters.nn_transformer_autocast``: the other way a user takes, autocast). Logits are
 returned as float32 (``.float()`` of what the module computed).
 
-Not supported, with the reason: heads whose d_k or d_v is not d_model / n_heads (``nn.MultiheadAttention``'s
-heads are that wide); a KV cache, greedy and beam search, sampling (the library has none); dropout, training,
-saving, layers alone, the spec's ``ValueError`` on bad ids (``nn.Embedding`` raises ``IndexError``).
+Layers alone (``run_layer``): those torch's stock pieces compute alone (``certify.adapters.torch_layers``), for any
+config. Not supported, with the reason: the stacks (forward, encode) and the attention and encoder or decoder
+layers of a config whose d_k or d_v is not d_model / n_heads (``nn.MultiheadAttention``'s heads are that wide); a
+KV cache, greedy and beam search, sampling (the library has none); dropout, training, saving, the spec's
+``ValueError`` on bad ids (``nn.Embedding`` raises ``IndexError``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from certify.adapters import common, torch_names
+from certify.adapters import common, torch_layers, torch_names
 from conformance.adapters.base import NotSupported
 from spec.config import Config
 from spec.reference.layers import positional_encoding
@@ -37,31 +39,32 @@ from spec.weights_io import load_weights
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
                "silu": F.silu}  # nn.Transformer takes a name or a callable
 SUPPORTS = frozenset({"encoder_decoder", "decoder_only", "float32", "bfloat16", "forward", "intermediates",
-                      "encode"})
+                      "encode", "layers"})
 
 
-def check_expressible(config: Config) -> None:
-    """Raise ``NotSupported`` naming what ``nn.Transformer`` cannot express of ``config``."""
+def inexpressible(config: Config) -> str | None:
+    """What ``nn.Transformer``'s stacks cannot express of ``config``, None if nothing."""
     if not config.d_k == config.d_v == config.d_model // config.n_heads or config.d_model % config.n_heads:
-        raise NotSupported(f"nn.MultiheadAttention's heads are d_model / n_heads = "
-                           f"{config.d_model / config.n_heads:g} wide; the config has d_k={config.d_k}, "
-                           f"d_v={config.d_v}")
+        return (f"nn.MultiheadAttention's heads are d_model / n_heads = {config.d_model / config.n_heads:g} wide; "
+                f"the config has d_k={config.d_k}, d_v={config.d_v}")
+    return None
 
 
 class Stock(nn.Module):
-    """The stock stacks plus the user's embedding, positions and tied projection (module docstring)."""
+    """The stock stacks plus the user's embedding, positions and tied projection (module docstring); without
+    ``stacks``, the user's pieces alone (for the layers of a config the stacks cannot express)."""
 
-    def __init__(self, c: Config):
+    def __init__(self, c: Config, stacks: bool = True):
         super().__init__()
         self.config = c
         self.embedding = nn.Embedding(c.vocab_size, c.d_model)
         kw = dict(d_model=c.d_model, nhead=c.n_heads, dim_feedforward=c.d_ff, dropout=0.0,
                   activation=ACTIVATIONS[c.activation], layer_norm_eps=c.layer_norm_eps, batch_first=True,
                   norm_first=c.norm_first)
-        if c.decoder_only:
+        if stacks and c.decoder_only:
             final = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
             self.decoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(**kw), c.n_decoder_layers, final)
-        else:
+        elif stacks:
             self.transformer = nn.Transformer(num_encoder_layers=c.n_encoder_layers,
                                               num_decoder_layers=c.n_decoder_layers, **kw)
             if not c.norm_first:
@@ -106,8 +109,15 @@ class Model(common.Unsupported):
 
     why = "torch.nn.Transformer has none (no KV cache, no search, no sampler)"
 
-    def __init__(self, config: Config, module: Stock, autocast: bool):
-        self.config, self.module, self.autocast = config, module, autocast
+    def __init__(self, config: Config, module: Stock, params: dict[str, np.ndarray], autocast: bool,
+                 inexpressible: str | None):
+        self.config, self.module, self.params, self.autocast = config, module, params, autocast
+        self.inexpressible = inexpressible
+        self.dtype = torch.float32 if autocast else common.TORCH_DTYPES[config.dtype]
+
+    def _stacks(self) -> None:
+        if self.inexpressible:
+            raise NotSupported(self.inexpressible)
 
     def _run(self, fn, *args):
         """``fn(*args)`` as the user runs inference: ``inference_mode``, and (``autocast``) bf16 CPU autocast with
@@ -127,6 +137,7 @@ class Model(common.Unsupported):
         hook is attached to it, so the logits then come from the unfused layers)."""
         if dropout_seed is not None:
             raise NotSupported("the adapter runs the stock layers in evaluation mode: no dropout draws to compare")
+        self._stacks()
         src_t = None if src is None else common.ids(src)
         if not intermediates:
             return self._run(self.module, src_t, common.ids(tgt_in)).numpy(), {}
@@ -144,9 +155,17 @@ class Model(common.Unsupported):
         rec |= {n: common.host(self._run(self.module.embed, common.ids(x))) for n, x in embed}
         return logits.numpy(), rec
 
+    def run_layer(self, layer, prefix, inputs):
+        """The layers torch's stock pieces compute alone (``certify.adapters.torch_layers``)."""
+        if layer not in torch_layers.ALONE and self.inexpressible:
+            raise NotSupported(self.inexpressible)
+        out = self._run(torch_layers.run, layer, self.module, self.params, prefix, inputs, self.dtype)
+        return {k: common.host(v) for k, v in out.items()}
+
     def encode(self, src):
         if self.config.decoder_only:
             raise NotSupported("a decoder-only model has no encoder")
+        self._stacks()
         return common.host(self._run(self.module.encode, common.ids(src)))
 
 
@@ -191,14 +210,14 @@ class Backend:
 
     def load(self, path: Path) -> Model:
         config, params = load_weights(path)
-        check_expressible(config)
         common.require(config, ("bfloat16",) if self.autocast else ("float32", "bfloat16"),
                        ("encoder_decoder", "decoder_only"), self.name)
-        module = Stock(config)
-        module.load_state_dict({k: torch.from_numpy(v) for k, v in torch_names.state_dict(config, params).items()},
-                               strict=True)
+        why = inexpressible(config)
+        module = Stock(config, stacks=why is None)
+        state = torch_names.state_dict(config, params, stacks=why is None)
+        module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
         cast = torch.float32 if self.autocast else common.TORCH_DTYPES[config.dtype]
-        return Model(config, module.to(cast).eval(), self.autocast)
+        return Model(config, module.to(cast).eval(), params, self.autocast, why)
 
     def describe(self) -> str:
         how = "bf16 by torch.autocast, fp32 weights" if self.autocast else "bf16 by model.to(torch.bfloat16)"

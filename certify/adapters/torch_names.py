@@ -31,13 +31,16 @@ def _layer(p: dict[str, np.ndarray], ours: str, theirs: str, norms: dict[str, st
                   f"{theirs}.linear2.weight": p[f"{ours}.ffn.w_2"].T, f"{theirs}.linear2.bias": p[f"{ours}.ffn.b_2"]}
 
 
-def state_dict(c: Config, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Canonical ``params`` (any float dtype) -> the stock module's float32 state dict."""
+def state_dict(c: Config, params: dict[str, np.ndarray], stacks: bool = True) -> dict[str, np.ndarray]:
+    """Canonical ``params`` (any float dtype) -> the stock module's float32 state dict; without ``stacks`` the
+    embedder's tensors alone."""
     p = {k: np.asarray(v, np.float32) for k, v in params.items()}
     D, out = c.d_model, {"embedding.weight": p["embedding"]}
     for name in ("position_embedding", "logits_bias"):
         if name in p:
             out[name] = p[name]
+    if not stacks:
+        return out
     if c.decoder_only:  # the decoder-only stack is an nn.TransformerEncoder named "decoder"
         for i in range(c.n_decoder_layers):
             out |= _layer(p, f"decoder.layers.{i}", f"decoder.layers.{i}", ENCODER_NORMS, D)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conformance.plugin import backend_name
+
 RANK = ("passed", "skipped", "assertion", "error")
 
 
@@ -62,7 +64,7 @@ def pytest_unconfigure(config):
     if outcomes is None:
         return
     mutant = config.getoption("--mutant", default=None)
-    name = config.getoption("--backend") + (f"+{mutant}" if mutant else "")
+    name = backend_name(config) + (f"+{mutant}" if mutant else "")
     out = Path(config.getoption("--report-dir"))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"outcomes-{name}.json").write_text(json.dumps(outcomes.checks, indent=1, sort_keys=True))

@@ -17,6 +17,8 @@ from spec.config import TINY
 from spec.numerics import Numerics
 from spec.training import TrainConfig
 
+pytestmark = pytest.mark.needs("train")  # before the reference's trajectory, seconds each, is computed
+
 STEPS = 50
 TRAIN = TrainConfig(warmup_steps=10)
 

@@ -53,7 +53,7 @@ ALLOWED_PRIVATE = {
 ALLOWED_LISTS = {
     "spec/api/__init__.py",    # the list itself
     "tools/train_report.py",   # runs where only matplotlib is installed (nox's train_demo_report, lm_demo_report)
-    "conformance/conftest.py", "conformance/report.py", "tools/tests/test_convert_hf.py",
+    "conformance/report.py", "tools/tests/test_convert_hf.py",
     "tools/tests/test_conformance_runner.py",
 }
 BACKEND_NAMES = set(BACKENDS)

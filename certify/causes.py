@@ -36,7 +36,27 @@ AUTOCAST = {
         "the contract's activations between sublayers are bf16: the residual stream stays fp32",
     "layer_shapes_and_dtypes[layer_embedding": "the embedding sum is float32 under autocast (measured), not bf16",
 }
-CAUSES: dict[str, dict[str, str]] = {"nn_transformer": TORCH, "nn_transformer_autocast": AUTOCAST}
+_KERAS_MATMUL = ("keras.ops.matmul of bf16 operands (TensorFlow, CPU) rounds more than once per output: on a "
+                 "random 64x48 by 48x32 product it is bit-identical to fp32 accumulation rounded once on 51%, its "
+                 "RMS error 0.69 bf16 ulps against 0.36 for one rounding (1.84 rounding after every addition)")
+KERAS = {
+    "golden_layer[layer_add_norm_cancel_float32]":
+        "keras LayerNormalization folds the mean into the bias: x * inv + (beta - mean * inv), bit-identical to that "
+        "fp32 form on 100% of elements (0% to (x - mean) * inv + beta); where the mean is thousands of times the "
+        "spread the two large terms cancel (its variance, keras.ops.moments, is exact here)",
+    "golden_layer[layer_feed_forward_bfloat16]": _KERAS_MATMUL,
+    "golden_rounding_points[layer_feed_forward_bfloat16]": _KERAS_MATMUL,
+    "golden_layer[layer_multi_head_attention_bfloat16]": _KERAS_MATMUL,
+    "golden_rounding_points[layer_multi_head_attention_bfloat16]": _KERAS_MATMUL,
+}
+KERAS_SDPA = ("not isolated: bf16 keras.ops.dot_product_attention (TensorFlow, CPU) is bit-identical to neither "
+              "form of the attention, the contract's (probabilities rounded to bf16) nor fp32 probabilities: 38% and "
+              "40% of elements (with a common score offset of 144, the shifted case: 1.9% and 1.6%; the overflow "
+              "case: 5.0% and 4.7%), so it rounds elsewhere too, as its bf16 matmuls do (feed_forward's cause)")
+KERAS |= {"golden_layer[layer_scaled_dot_product_attention": KERAS_SDPA,
+          "golden_rounding_points[layer_scaled_dot_product_attention": KERAS_SDPA}
+CAUSES: dict[str, dict[str, str]] = {"nn_transformer": TORCH, "nn_transformer_autocast": AUTOCAST,
+                                     "keras_layers": KERAS}
 
 
 def cause_of(adapter: str, check: str) -> str:

@@ -120,7 +120,61 @@ def logits_dtype() -> str:
     return f"F.linear of bf16 h and a bf16 table returns {F.linear(h, torch.randn(61, 32).bfloat16()).dtype}"
 
 
-EXPERIMENTS = (layer_norm_statistics, sdpa_probabilities, sdpa_masked_row, embedding_roundings, logits_dtype)
+def keras_layer_norm_fold() -> str:
+    """fp32 ``keras.layers.LayerNormalization`` on the cancelling rows against two fp32 forms of the same
+    statistics: ``(x - mean) * inv + beta`` and the folded ``x * inv + (beta - mean * inv)``."""
+    import keras
+    case = _case("layer_add_norm_cancel_float32")
+    c, p = golden_cases.case_params(case.meta, case.params)
+    g, b = (np.asarray(p[f"{case.meta['prefix']}.{n}"], np.float32) for n in ("scale", "bias"))
+    x = case.inputs["x"].astype(np.float32) + case.inputs["y"].astype(np.float32)
+    norm = keras.layers.LayerNormalization(epsilon=c.layer_norm_eps)
+    norm.build((None, c.d_model))
+    norm.set_weights([g, b])
+    got = np.asarray(keras.ops.convert_to_numpy(norm(x)))
+    m = x.mean(-1, keepdims=True, dtype=np.float32)
+    inv = (1 / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True, dtype=np.float32) + np.float32(c.layer_norm_eps))) * g
+    return (f"fp32 keras LayerNormalization (layer_add_norm_cancel_float32): bit-identical to the folded "
+            f"x * inv + (beta - mean * inv) on {100 * agreement(got, x * inv + (b - m * inv)):.1f}%, to "
+            f"(x - mean) * inv + beta on {100 * agreement(got, (x - m) * inv + b):.1f}%")
+
+
+def keras_bf16_matmul() -> str:
+    """``keras.ops.matmul`` of bf16 operands (64 x 48 by 48 x 32, N(0, 1)) against fp32 accumulation rounded once
+    and against rounding after every addition: agreement and RMS error in bf16 ulps at the exact result's scale."""
+    import keras
+    rng = np.random.default_rng(0)
+    a, b = _bf16(rng.standard_normal((64, 48))), _bf16(rng.standard_normal((48, 32)))
+    got = keras.ops.matmul(*(keras.ops.cast(np.asarray(t, np.float32), "bfloat16") for t in (a, b)))
+    got = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(got, "float32")))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    once = _bf16(a.astype(np.float32) @ b.astype(np.float32)).astype(np.float32)
+    every = np.zeros(exact.shape, np.float32)
+    for k in range(a.shape[1]):
+        every = _bf16(every + a[:, k:k + 1].astype(np.float32) * b[k:k + 1].astype(np.float32)).astype(np.float32)
+    ulp = 2.0 ** np.floor(np.log2(np.sqrt((exact ** 2).mean()))) * 2.0 ** -7
+    rms = {k: float(np.sqrt((((v - exact) / ulp) ** 2).mean())) for k, v in
+           (("keras", got), ("one rounding", once), ("a rounding per addition", every))}
+    return (f"keras.ops.matmul of bf16 on {keras.backend.backend()} CPU: bit-identical to fp32 accumulation rounded "
+            f"once on {100 * agreement(got, once):.0f}%; RMS error in bf16 ulps: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in rms.items()))
+
+
+def keras_sdpa(name: str = "layer_scaled_dot_product_attention_bfloat16") -> str:
+    """bf16 ``keras.ops.dot_product_attention`` against the two NumPy forms of ``_attention_variants``."""
+    import keras
+    i = _case(name).inputs
+    t = [keras.ops.cast(np.asarray(i[n], np.float32), "bfloat16") for n in "qkv"]
+    got = keras.ops.cast(keras.ops.dot_product_attention(*t, mask=i["mask"]), "float32")
+    got = np.asarray(keras.ops.convert_to_numpy(got))
+    shares = {k: agreement(got, v) for k, v in _attention_variants(i["q"], i["k"], i["v"], i["mask"]).items()}
+    return (f"bf16 keras.ops.dot_product_attention ({name}): bit-identical to the spec's attention with "
+            + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in shares.items()))
+
+
+EXPERIMENTS = (layer_norm_statistics, sdpa_probabilities, sdpa_masked_row, embedding_roundings, logits_dtype,
+               keras_layer_norm_fold, keras_bf16_matmul, keras_sdpa,
+               lambda: keras_sdpa("layer_scaled_dot_product_attention_shifted_bfloat16"))
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

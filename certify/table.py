@@ -13,7 +13,7 @@ from certify.causes import cause_of
 from conformance import report
 
 OUTCOMES = ("passed", "failed", "not supported", "skipped")
-PACKAGES = ("torch", "transformers", "numpy", "ml_dtypes", "pytest")
+PACKAGES = ("torch", "transformers", "keras", "tensorflow-cpu", "numpy", "ml_dtypes", "pytest")
 HOW = ("Each implementation below is a third-party model holding the canonical weights through an adapter in "
        "`certify/adapters/` (its docstring says how the model is built and run, in fp32 and bf16). Each ran the whole "
        "conformance suite, `pytest --pyargs conformance --backend certify.adapters.<name>`: a check is *not "
@@ -23,9 +23,10 @@ HOW = ("Each implementation below is a third-party model holding the canonical w
        "the limit (over 100% fails), as in the suite's own report.")
 SCOPE = ("The golden cases are built off the libraries' shapes on purpose (tiny's d_k = 16 != d_v = 8, so a "
          "transposed axis cannot pass by accident; LayerNorm epsilon 1e-6): `MarianMTModel` and `GPT2LMHeadModel` "
-         "express none of them and `nn.Transformer`'s stacks only small and base; the layers torch computes alone "
-         "run for every config. On configs each library does express, `certify/tests/test_adapters.py` holds every "
-         "adapter's logits (and the HF models' KV-cache logits) to the same tolerance, in fp32 and bf16.")
+         "express none of them and `nn.Transformer`'s stacks only small and base; the layers torch and Keras "
+         "compute alone run for every config (Keras has no stock Transformer model: its adapter is layers only). "
+         "On configs each library does express, `certify/tests/test_adapters.py` holds every model adapter's "
+         "logits (and the HF models' KV-cache logits) to the same tolerance, in fp32 and bf16.")
 
 
 def _version(package: str) -> str:

@@ -4,4 +4,5 @@
     pytest --pyargs conformance --backend certify.adapters.nn_transformer
 """
 
-ADAPTERS = ("nn_transformer", "nn_transformer_autocast", "hf_marian", "hf_gpt2")  # the order of the table
+# in the order of the table
+ADAPTERS = ("nn_transformer", "nn_transformer_autocast", "hf_marian", "hf_gpt2", "keras_layers")

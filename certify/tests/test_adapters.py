@@ -28,7 +28,7 @@ GPT2 = LM_TINY.replace(d_k=8, d_v=8, activation="gelu_tanh", attention_bias=True
 # adapter -> a config it expresses (its dtype set per test), one it does not
 CASES = {"nn_transformer": (SMALL.replace(norm_first=True, activation="gelu"), TINY),
          "nn_transformer_autocast": (SMALL, TINY),
-         "hf_marian": (MARIAN, SMALL), "hf_gpt2": (GPT2, LM_TINY)}
+         "hf_marian": (MARIAN, TINY), "hf_gpt2": (GPT2, LM_TINY)}
 DTYPES = {"nn_transformer_autocast": ("bfloat16",)}
 
 

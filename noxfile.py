@@ -275,6 +275,18 @@ def mutants(session: nox.Session) -> None:
 
 
 @session
+def certify(session: nox.Session) -> None:
+    """The popular implementations (torch.nn.Transformer, transformers' MarianMTModel and GPT2LMHeadModel, Keras'
+    layers on TensorFlow) certified against the contract: the conformance suite on each adapter of
+    ``certify/adapters``, one after another, and the table ``docs/certified.md`` (``python -m certify``; arguments
+    go to it, e.g. ``-- --only nn_transformer``), after ``certify/tests``."""
+    session.install(*CONSTRAINTS, "./spec", "./conformance", "./bench", "torch", "transformers", "keras",
+                    "tensorflow-cpu")
+    session.run("pytest", "certify/tests", "-p", "no:cacheprovider", "-q")   # the adapters on configs they express
+    session.run("python", "-m", "certify", *session.posargs)
+
+
+@session
 def golden(session: nox.Session) -> None:
     """Write spec/golden; with `-- --check`, regenerate in a temp dir and compare bit for bit."""
     session.install(*CONSTRAINTS, "./spec")

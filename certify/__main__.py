@@ -1,0 +1,5 @@
+import sys
+
+from certify.run import main
+
+sys.exit(main())

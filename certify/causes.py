@@ -69,7 +69,7 @@ def cause_of(adapter: str, check: str) -> str:
 _FLAX_LN = ("nnx.LayerNorm's default use_fast_variance=True takes the variance in one fp32 pass, E[x^2] - E[x]^2: "
             "where the mean is thousands of times the spread it cancels; its output is bit-identical to the fp32 "
             "form with that one-pass variance on {one} of elements (two-pass: {two}), its largest error against "
-            "float64 {err} as that form's, where the two-pass form's is {err2}")
+            "float64 {err} as that form's; nnx.LayerNorm(use_fast_variance=False)'s is {err2}, the two-pass form's")
 FLAX = {
     "golden_layer[layer_add_norm_cancel_float32]": _FLAX_LN.format(one="29.9%", two="0.2%", err="95.1, the same",
                                                                    err2="3.6e-7"),

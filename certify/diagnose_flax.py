@@ -58,7 +58,13 @@ def layer_norm_variance(name: str = "layer_add_norm_cancel_float32") -> str:
     if "bfloat16" in name:
         forms = {k: _bf16(v) for k, v in forms.items()}
     exact = _exact_layer_norm(x, g, b, c.layer_norm_eps)
-    errs = {k: float(np.abs(_f32(v) - exact).max()) for k, v in (("nnx.LayerNorm", out["out"]), *forms.items())}
+    dt, pdt = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
+    slow = nnx.LayerNorm(c.d_model, epsilon=c.layer_norm_eps, use_fast_variance=False, dtype=dt, param_dtype=pdt,
+                         rngs=nnx.Rngs(0))
+    slow.scale[...], slow.bias[...] = jnp.asarray(g, pdt), jnp.asarray(b, pdt)
+    errs = {k: float(np.abs(_f32(v) - exact).max()) for k, v in (
+        ("nnx.LayerNorm", out["out"]), ("nnx.LayerNorm(use_fast_variance=False)", slow(jnp.asarray(x, dt))),
+        *forms.items())}
     return (f"nnx.LayerNorm ({name}): bit-identical to the fp32 form with the " + _shares(out["out"], forms)
             + "; largest |error| against float64: " + ", ".join(f"{k} {v:.3g}" for k, v in errs.items()))
 

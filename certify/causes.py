@@ -63,3 +63,29 @@ def cause_of(adapter: str, check: str) -> str:
     """The measured cause of ``check`` failing for ``adapter``, or a plain "not diagnosed"."""
     return next((cause for prefix, cause in CAUSES.get(adapter, {}).items() if check.startswith(prefix)),
                 "not diagnosed")
+
+
+# flax_nnx: measured by ``python -m certify.diagnose_flax`` (Flax NNX 0.12, JAX on CPU)
+_FLAX_LN = ("nnx.LayerNorm's default use_fast_variance=True takes the variance in one fp32 pass, E[x^2] - E[x]^2: "
+            "where the mean is thousands of times the spread it cancels; its output is bit-identical to the fp32 "
+            "form with that one-pass variance on {one} of elements (two-pass: {two}), its largest error against "
+            "float64 {err} as that form's; nnx.LayerNorm(use_fast_variance=False)'s is {err2}, the two-pass form's")
+FLAX = {
+    "golden_layer[layer_add_norm_cancel_float32]": _FLAX_LN.format(one="29.9%", two="0.2%", err="95.1, the same",
+                                                                   err2="3.6e-7"),
+    "golden_layer[layer_add_norm_cancel_bfloat16]": _FLAX_LN.format(one="100%", two="0%", err="0.126, the same",
+                                                                    err2="0.0147"),
+    "golden_rounding_points[layer_add_norm_cancel_bfloat16]": _FLAX_LN.format(one="100%", two="0%",
+                                                                              err="0.126, the same", err2="0.0147"),
+    "golden_layer[layer_output_projection_bfloat16]":
+        "bf16 nnx.Embed.attend returns bf16 logits: bit-identical to h E^T rounded to bf16 on 100% of elements, to "
+        "the contract's fp32 h E^T on 0.2%",
+    "golden_rounding_points[layer_embedding_bfloat16]":
+        "bf16 nnx.Embed's rows times sqrt(D) (a bf16 scalar, as bf16 arithmetic keeps it) plus the bf16 positional "
+        "table round three times: bit-identical to that form on 100% of elements, to the contract's one rounding "
+        "of the fp32 sum (rule 3) on 67.0%",
+    "golden_rounding_points[layer_feed_forward_bfloat16]":
+        "bf16 nnx.Linear rounds x W to bf16 before adding its bias, which rounds again: its first layer is "
+        "bit-identical to that form on 100% of elements, to the contract's x W + b rounded once on 69.6%",
+}
+CAUSES["flax_nnx"] = FLAX

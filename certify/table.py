@@ -13,7 +13,7 @@ from certify.causes import cause_of
 from conformance import report
 
 OUTCOMES = ("passed", "failed", "not supported", "skipped")
-PACKAGES = ("torch", "transformers", "keras", "tensorflow-cpu", "numpy", "ml_dtypes", "pytest")
+PACKAGES = ("torch", "transformers", "keras", "tensorflow-cpu", "flax", "jax", "numpy", "ml_dtypes", "pytest")
 HOW = ("Each implementation below is a third-party model holding the canonical weights through an adapter in "
        "`certify/adapters/` (its docstring says how the model is built and run, in fp32 and bf16). Each ran the whole "
        "conformance suite, `pytest --pyargs conformance --backend certify.adapters.<name>`: a check is *not "

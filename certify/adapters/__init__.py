@@ -5,4 +5,4 @@
 """
 
 # in the order of the table
-ADAPTERS = ("nn_transformer", "nn_transformer_autocast", "hf_marian", "hf_gpt2", "keras_layers")
+ADAPTERS = ("nn_transformer", "nn_transformer_autocast", "hf_marian", "hf_gpt2", "keras_layers", "flax_nnx")

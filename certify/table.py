@@ -21,9 +21,11 @@ HOW = ("Each implementation below is a third-party model holding the canonical w
        "`NotSupported` (most often: a golden case's config the library cannot express, such as heads with d_k != "
        "d_v); such a check is neither passed nor failed. Worst error: the judged tensor nearest its limit, in % of "
        "the limit (over 100% fails), as in the suite's own report.")
-SCOPE = ("The golden cases are built off the libraries' shapes on purpose (tiny's d_k = 16 != d_v = 8, so a "
-         "transposed axis cannot pass by accident; LayerNorm epsilon 1e-6): `MarianMTModel` and `GPT2LMHeadModel` "
-         "express none of them and `nn.Transformer`'s stacks only small and base; the layers torch and Keras "
+SCOPE = ("Most golden cases are built off the libraries' shapes on purpose (tiny's d_k = 16 != d_v = 8, so a "
+         "transposed axis cannot pass by accident; LayerNorm epsilon 1e-6): `nn.Transformer`'s stacks express only "
+         "small and base, and `MarianMTModel` and `GPT2LMHeadModel` only the cases kept for their shapes "
+         "(`tiny_marian_hf`, `lm_tiny_gpt2_hf`: Marian's and GPT-2's options with heads of d_model / n_heads; a "
+         "teacher-forced forward and a KV-cache case each, fp32 and bf16); the layers torch and Keras "
          "compute alone run for every config (Keras has no stock Transformer model: its adapter is layers only). "
          "On configs each library does express, `certify/tests/test_adapters.py` holds every model adapter's "
          "logits (and the HF models' KV-cache logits) to the same tolerance, in fp32 and bf16.")

@@ -64,7 +64,13 @@ CONFIGS = {"tiny": TINY, "tiny_prenorm": TINY.replace(norm_first=True), "small":
            "tiny_gelu": TINY.replace(activation="gelu", attention_bias=True, positions="learned",
                                      scale_embedding=False),
            "lm_tiny_gpt2": LM_TINY.replace(activation="gelu_tanh", attention_bias=True, logits_bias=True,
-                                           positions="learned", scale_embedding=False, layer_norm_eps=1e-5)}
+                                           positions="learned", scale_embedding=False, layer_norm_eps=1e-5),
+           # the same options in shapes MarianMTModel and GPT2LMHeadModel can hold (``spec.convert``): heads of
+           # d_k = d_v = d_model / n_heads; GPT-2's output projection without a bias (its table is the embedding)
+           "tiny_marian_hf": TINY.replace(d_k=8, d_v=8, activation="silu", attention_bias=True, logits_bias=True,
+                                          positions="sinusoidal_halves", layer_norm_eps=1e-5),
+           "lm_tiny_gpt2_hf": LM_TINY.replace(d_k=8, d_v=8, activation="gelu_tanh", attention_bias=True,
+                                              positions="learned", scale_embedding=False, layer_norm_eps=1e-5)}
 EOS_BOOST = 2.0  # decoding cases scale E[eos] (by a power of two, exact) so that some hypotheses end
 
 

@@ -205,6 +205,10 @@ def generate(w: Writer) -> None:
     forward_case(w, "lm_incremental_tiny_bfloat16", "lm_tiny", "bfloat16", 34, [8, 5], 8, incremental=True)
     forward_case(w, "lm_forward_tiny_gpt2_bfloat16", "lm_tiny_gpt2", "bfloat16", 43, [9, 5, 7], 9)
     forward_case(w, "lm_incremental_tiny_gpt2_bfloat16", "lm_tiny_gpt2", "bfloat16", 44, [8, 5], 8, incremental=True)
+    for dtype in ("bfloat16", "float32"):  # lm_tiny_gpt2's options in the shapes GPT2LMHeadModel can hold
+        forward_case(w, f"lm_forward_tiny_gpt2_hf_{dtype}", "lm_tiny_gpt2_hf", dtype, 47, [9, 5, 7], 9)
+        forward_case(w, f"lm_incremental_tiny_gpt2_hf_{dtype}", "lm_tiny_gpt2_hf", dtype, 48, [8, 5], 8,
+                     incremental=True)
     sample_case(w, "lm_sample_ties")
     for name, cfg, seed, settings, max_new, eos_boost in GENERATE_CASES:
         generate_case(w, name, cfg, seed, settings, max_new, eos_boost)

@@ -174,22 +174,23 @@ def generate(root: Path) -> None:
     _forward_case(w, "forward_tiny_bfloat16", "tiny", "bfloat16", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_float32", "tiny", "float32", 1, [9, 9], 9, [7, 7], 7)
     _forward_case(w, "forward_tiny_prenorm_bfloat16", "tiny_prenorm", "bfloat16", 2, [8, 8], 8, [6, 6], 6)
-    _forward_case(w, "forward_small_bfloat16", "small", "bfloat16", 3, [10, 10], 10, [8, 8], 8,
-                  layer_outputs_only=True)
-    _forward_case(w, "forward_small_float32", "small", "float32", 3, [10, 10], 10, [8, 8], 8,
-                  layer_outputs_only=True)
+    for dtype in ("bfloat16", "float32"):
+        _forward_case(w, f"forward_small_{dtype}", "small", dtype, 3, [10, 10], 10, [8, 8], 8, layer_outputs_only=True)
     _forward_case(w, "forward_padded_bfloat16", "tiny", "bfloat16", 4, [11, 5, 8], 11, [9, 3, 6], 9)
     _forward_case(w, "forward_causal_bfloat16", "tiny", "bfloat16", 5, [6, 6], 6, [8, 8], 8, causal_pair=True)
     _forward_case(w, "forward_base_bfloat16", "base", "bfloat16", 6, [6, 4], 6, [5, 4], 5, sample=128)
-    _forward_case(w, "forward_tiny_bfloat16_params_float32", "tiny", "bfloat16", 8, [9, 6], 9, [7, 5], 7,
-                  param_dtype="float32")
-    _forward_case(w, "forward_tiny_float32_params_bfloat16", "tiny", "float32", 8, [9, 6], 9, [7, 5], 7,
-                  param_dtype="bfloat16")
+    for dtype, param_dtype in (("bfloat16", "float32"), ("float32", "bfloat16")):
+        _forward_case(w, f"forward_tiny_{dtype}_params_{param_dtype}", "tiny", dtype, 8, [9, 6], 9, [7, 5], 7,
+                      param_dtype=param_dtype)
     _forward_case(w, "incremental_tiny_bfloat16", "tiny", "bfloat16", 7, [8, 5], 8, [7, 4], 7, incremental=True)
     _forward_case(w, "forward_tiny_marian_bfloat16", "tiny_marian", "bfloat16", 40, [9, 6], 9, [7, 5], 7)
     _forward_case(w, "forward_tiny_gelu_float32", "tiny_gelu", "float32", 41, [9, 6], 9, [7, 5], 7)
     _forward_case(w, "incremental_tiny_gelu_bfloat16", "tiny_gelu", "bfloat16", 42, [8, 5], 8, [7, 4], 7,
                   incremental=True)
+    for dtype in ("bfloat16", "float32"):  # tiny_marian's options in the shapes MarianMTModel can hold
+        _forward_case(w, f"forward_tiny_marian_hf_{dtype}", "tiny_marian_hf", dtype, 45, [9, 6], 9, [7, 5], 7)
+        _forward_case(w, f"incremental_tiny_marian_hf_{dtype}", "tiny_marian_hf", dtype, 46, [8, 5], 8, [7, 4], 7,
+                      incremental=True)
     for d in golden_search.DECODING_CASES:
         golden_search.decode_case(w, d)
     golden_lm.generate(w)

@@ -5,6 +5,7 @@ KV cache; and what it cannot express raised as ``NotSupported``, never computed.
 from __future__ import annotations
 
 import importlib
+import json
 
 import numpy as np
 import pytest
@@ -12,8 +13,8 @@ import pytest
 from conformance.adapters.base import CAPABILITIES, NotSupported
 from spec import reference as ref
 from spec import tolerance
-from spec.config import LM_TINY, TINY
-from spec.golden_cases import SMALL, valid_rows
+from spec.config import LM_TINY, TINY, Config
+from spec.golden_cases import CONFIGS, GOLDEN_DIR, SMALL, case_params, valid_rows
 from spec.init import init_params
 from spec.numerics import Numerics
 from spec.weights_io import save_weights
@@ -23,8 +24,7 @@ pytest.importorskip("transformers")
 
 MARIAN = SMALL.replace(activation="silu", attention_bias=True, logits_bias=True, positions="sinusoidal_halves",
                        layer_norm_eps=1e-5)
-GPT2 = LM_TINY.replace(d_k=8, d_v=8, activation="gelu_tanh", attention_bias=True, positions="learned",
-                       scale_embedding=False, layer_norm_eps=1e-5)
+GPT2 = CONFIGS["lm_tiny_gpt2_hf"]
 # adapter -> a config it expresses (its dtype set per test), one it does not
 CASES = {"nn_transformer": (SMALL.replace(norm_first=True, activation="gelu"), TINY),
          "nn_transformer_autocast": (SMALL, TINY),
@@ -78,3 +78,18 @@ def test_what_the_library_cannot_express_is_not_supported(adapter, tmp_path):
     c = CASES[adapter][1].replace(dtype="bfloat16")
     with pytest.raises(NotSupported, match="heads are d_model / n_heads"):
         _load(adapter, c, tmp_path)[0].forward(*_tokens(c))
+
+
+@pytest.mark.parametrize(("adapter", "config"), (("hf_marian", "tiny_marian_hf"), ("hf_gpt2", "lm_tiny_gpt2_hf")))
+def test_golden_cases_in_the_library_shapes_load(adapter, config, tmp_path):
+    """The golden cases on the configs kept for MarianMTModel's and GPT2LMHeadModel's shapes (a forward and a
+    KV-cache case, fp32 and bf16) load into the library: the suite measures them, not "not supported"."""
+    metas, shapes = [json.loads(p.read_text()) for p in sorted(GOLDEN_DIR.glob("*/meta.json"))], CONFIGS[config]
+    metas = [m for m in metas if Config.from_dict(m["config"]).replace(dtype=shapes.dtype,
+                                                                       param_dtype=shapes.param_dtype) == shapes]
+    assert sorted(m["kind"] for m in metas) == ["forward", "forward", "incremental", "incremental"]
+    backend = importlib.import_module(f"certify.adapters.{adapter}").make_backend()
+    for meta in metas:
+        c, params = case_params(meta)
+        save_weights(tmp_path / "case.safetensors", c, params)
+        backend.load(tmp_path / "case.safetensors")

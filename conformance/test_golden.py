@@ -47,7 +47,17 @@ def test_golden_forward(case, model_for, record):
     ids = {"src": src, "tgt": tgt_in}
     for name in recorded:
         assert np.isfinite(np.asarray(got[name], np.float32)).all(), f"{name}: non-finite values (padding included)"
+    _assert_fp32_logits(logits, model.config)
     record({name: G.judge_tensor(case, name, got, ids) for name in expected})
+
+
+def _assert_fp32_logits(logits: np.ndarray, config) -> None:
+    """A bf16 model's logits are fp32 (``spec.agreement.BF16_LOGITS_MAX``): the lower bound that sees them rounded
+    to bf16, which the error bounds do not."""
+    if config.dtype == "bfloat16":
+        share, limit = agreement.bf16_representable(logits), agreement.BF16_LOGITS_MAX
+        assert share <= limit, \
+            f"logits: {share:.1%} of them are bf16 values: rounded to bf16, where the contract keeps them fp32"
 
 
 # How the target positions enter the KV cache: one token per call (as search does), all of them in one call (a
@@ -60,7 +70,9 @@ CHUNKS = {"one_per_call": lambda T: None, "prefill": lambda T: [T], "chunks": la
 @pytest.mark.parametrize("case", G.cases("incremental"), ids=lambda c: c.name)
 def test_golden_incremental(case, chunks, model_for, record):
     src, tgt_in = _ids(case)
-    steps = model_for(case).decode_steps(src, tgt_in, chunks=CHUNKS[chunks](tgt_in.shape[1]))
+    model = model_for(case)
+    steps = model.decode_steps(src, tgt_in, chunks=CHUNKS[chunks](tgt_in.shape[1]))
+    _assert_fp32_logits(steps, model.config)
     record({"step_logits": G.judge_tensor(case, "step_logits", {"step_logits": steps}, {"tgt": tgt_in})})
 
 

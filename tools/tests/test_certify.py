@@ -65,11 +65,15 @@ def outcomes(report: dict) -> dict[str, str]:
 def test_a_wrong_adapter_fails_the_checks_that_see_its_violation(tmp_path):
     (tmp_path / "rounded_logits.py").write_text(ROUNDED_LOGITS)
     report = suite(tmp_path, "rounded_logits", "-k", TINY_FORWARD)
-    failed = {c: e["message"] for c, e in report["checks"].items() if e["outcome"] == "failed"}
-    # the fp32 cases; in the bf16 ones a logit rounded to bf16 stays within the tiny model's logits tolerance
-    assert sorted(failed) == [f"golden_forward[forward_tiny_{c}]" for c in
-                              ("float32", "float32_params_bfloat16", "gelu_float32")], outcomes(report)
-    assert all("logits" in m and "out of tolerance" in m for m in failed.values()), failed
+    judged = {c: e["message"] for c, e in report["checks"].items() if e["outcome"] in ("passed", "failed")}
+    failed = {c: m for c, m in judged.items() if report["checks"][c]["outcome"] == "failed"}
+    assert judged and failed == judged, outcomes(report)  # every case it runs
+    # fp32 models by the logits' error bound; in bf16 models the rounding stays within the tiny model's logits
+    # tolerance, and the lower bound on fp32 logits (spec.agreement.BF16_LOGITS_MAX) sees it
+    bf16 = {c for c in failed if "bfloat16" in c.split("_params")[0]}  # the activations' dtype
+    assert bf16 and len(bf16) < len(failed), sorted(failed)
+    assert all("logits" in failed[c] and "out of tolerance" in failed[c] for c in set(failed) - bf16), failed
+    assert all("are bf16 values" in failed[c] for c in bf16), failed
 
 
 def test_an_impl_through_its_import_path_is_its_built_in_name(tmp_path):

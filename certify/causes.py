@@ -55,8 +55,14 @@ KERAS_SDPA = ("not isolated: bf16 keras.ops.dot_product_attention (TensorFlow, C
               "case: 5.0% and 4.7%), so it rounds elsewhere too, as its bf16 matmuls do (feed_forward's cause)")
 KERAS |= {"golden_layer[layer_scaled_dot_product_attention": KERAS_SDPA,
           "golden_rounding_points[layer_scaled_dot_product_attention": KERAS_SDPA}
+_FP32_LOGITS = ("golden_forward[", "golden_incremental[")  # the share of bf16 values among a bf16 model's logits
+TORCH |= dict.fromkeys(_FP32_LOGITS, _LOGITS)
+AUTOCAST |= dict.fromkeys(_FP32_LOGITS, "F.linear under CPU autocast returns bf16 (measured dtype torch.bfloat16): "
+                          "the logits are rounded to bf16, where the contract's are fp32")
+HF = dict.fromkeys(_FP32_LOGITS, "the bf16 model (model.to(torch.bfloat16)) returns bf16 logits (measured dtype "
+                   "torch.bfloat16): its lm_head rounds them to bf16, where the contract's are fp32")
 CAUSES: dict[str, dict[str, str]] = {"nn_transformer": TORCH, "nn_transformer_autocast": AUTOCAST,
-                                     "keras_layers": KERAS}
+                                     "keras_layers": KERAS, "hf_marian": HF, "hf_gpt2": HF}
 
 
 def cause_of(adapter: str, check: str) -> str:

@@ -120,6 +120,36 @@ def logits_dtype() -> str:
     return f"F.linear of bf16 h and a bf16 table returns {F.linear(h, torch.randn(61, 32).bfloat16()).dtype}"
 
 
+def hf_logits_dtype() -> str:
+    """The dtype of the logits a bf16 ``MarianMTModel``, ``GPT2LMHeadModel`` (the golden cases in their shapes, cast
+    with ``model.to``) and ``F.linear`` under CPU autocast return."""
+    import tempfile
+    from pathlib import Path
+
+    import transformers
+
+    from certify.adapters import hf_common
+    from spec.convert import gpt2, marian
+    from spec.weights_io import save_weights
+    got = {}
+    for name, convert, cls, cfg, kind in (
+            ("forward_tiny_marian_hf_bfloat16", marian, transformers.MarianMTModel, transformers.MarianConfig,
+             "encoder_decoder"),
+            ("lm_forward_tiny_gpt2_hf_bfloat16", gpt2, transformers.GPT2LMHeadModel, transformers.GPT2Config,
+             "decoder_only")):
+        case = _case(name)
+        path = Path(tempfile.mkdtemp()) / "w.safetensors"
+        save_weights(path, *golden_cases.case_params(case.meta, case.params))
+        _, model = hf_common.build(path, convert, cls, cfg, kind, cls.__name__)
+        ids = torch.ones(1, 4, dtype=torch.long)
+        args = {"input_ids": ids, "decoder_input_ids": ids} if kind == "encoder_decoder" else {"input_ids": ids}
+        with torch.no_grad():
+            got[cls.__name__] = model(**args).logits.dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got["F.linear under autocast"] = F.linear(torch.randn(2, 32), torch.randn(61, 32)).dtype
+    return "logits dtype: " + ", ".join(f"{k} {v}" for k, v in got.items())
+
+
 def keras_layer_norm_fold() -> str:
     """fp32 ``keras.layers.LayerNormalization`` on the cancelling rows against two fp32 forms of the same
     statistics: ``(x - mean) * inv + beta`` and the folded ``x * inv + (beta - mean * inv)``."""
@@ -173,6 +203,7 @@ def keras_sdpa(name: str = "layer_scaled_dot_product_attention_bfloat16") -> str
 
 
 EXPERIMENTS = (layer_norm_statistics, sdpa_probabilities, sdpa_masked_row, embedding_roundings, logits_dtype,
+               hf_logits_dtype,
                keras_layer_norm_fold, keras_bf16_matmul, keras_sdpa,
                lambda: keras_sdpa("layer_scaled_dot_product_attention_shifted_bfloat16"))
 

@@ -156,6 +156,7 @@ def train_dp(session: nox.Session, backend: str) -> None:
     """Data-parallel training on the framework's own engine (``conformance/test_data_parallel.py``): two workers
     against one device, a resumed and a killed run, and a short learning run of two workers."""
     session.install(*CONSTRAINTS, "./spec", "./conformance", *PACKAGES[backend])
+    session.chdir(session.create_tmp())  # the installed suite, not the checkout's conftest.py beside it
     session.run("pytest", "--pyargs", "conformance", "--backend", backend, "--data-parallel", "--report-dir",
                 str(REPORTS / "train_dp"), "-p", "no:cacheprovider", DURATIONS, *session.posargs)
 

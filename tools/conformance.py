@@ -33,10 +33,13 @@ def _start(backend: str, out: Path, pytest_args: list[str]) -> tuple[subprocess.
     # from the repository would test its sources instead of the installed packages.
     script = Path(sys.executable).with_name("pytest")
     pytest = [str(script)] if script.exists() else [sys.executable, "-m", "pytest"]
+    out = out.resolve()
     cmd = [*pytest, "--pyargs", "conformance", "--backend", backend, "--report-dir", str(out), "-p", "no:cacheprovider",
            *pytest_args]
+    # Run from the report folder: from the repository, pytest would also load the checkout's conformance/conftest.py
+    # beside the installed package's, which the installed plugin has already imported (ImportPathMismatchError).
     with log.open("wb") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT), log
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=out), log
 
 
 def _progress(log: Path) -> int:

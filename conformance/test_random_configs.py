@@ -21,13 +21,13 @@ call that rebuilds its example; the report records the worst few logits verdicts
     python -c "from conformance.test_random_configs import replay; print(replay('<config json>', SEED,
                [[src ...]], [[tgt_in ...]], backend='torch'))"
 
-(against a mutant: ``from conformance import mutants; mutants.apply(NAME)`` first).
+(``backend``: the run's ``--backend``, a built-in name or an import path; against a mutant:
+``from conformance import mutants; mutants.apply(NAME)`` first).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import tempfile
 from collections.abc import Callable
@@ -38,6 +38,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from conformance import capabilities, plugin
 from conformance.adapters.base import NotSupported
 from conformance.oracle import ref, search
 from spec import tolerance
@@ -163,7 +164,7 @@ def _nearness(v: tolerance.Verdict) -> float:
 
 def replay(config_json: str, seed: int, src: list, tgt_in: list, backend: str = "reference") -> Outcome:
     """Rebuild one example from a failure message and check it again on ``backend``."""
-    b = importlib.import_module(f"conformance.adapters.backend_{backend}").make_backend()
+    b = capabilities.CheckedBackend(plugin.backend_module(backend).make_backend())  # as the suite's fixture does
 
     def load(c: Config, params: dict) -> object:
         path = Path(tempfile.mkdtemp(prefix="replay-")) / "model.safetensors"
@@ -174,7 +175,7 @@ def replay(config_json: str, seed: int, src: list, tgt_in: list, backend: str = 
     return check_example(ex, load)
 
 
-def test_random_configs(backend, load_model, record):
+def test_random_configs(backend, load_model, record, pytestconfig):
     """Every example's logits within tolerance and its safe greedy rows exact (module docstring)."""
     results: list[tuple[Example, Outcome]] = []
 
@@ -186,8 +187,9 @@ def test_random_configs(backend, load_model, record):
         results.append((ex, check_example(ex, load_model)))
 
     run()
+    name = plugin.backend_name(pytestconfig)  # the --backend of the run: a built-in name or an import path
     failures = [f"example {k} ({ex.config.dtype}/{ex.config.param_dtype}, seed {ex.seed}): " + "; ".join(o.problems)
-                + f"\n    {ex.replay_call(backend.name)}" for k, (ex, o) in enumerate(results) if o.problems]
+                + f"\n    {ex.replay_call(name)}" for k, (ex, o) in enumerate(results) if o.problems]
     judged = {f"example{k}.logits": o.logits for k, (_, o) in enumerate(results) if o.logits is not None}
     worst = sorted(judged, key=lambda n: _nearness(judged[n]), reverse=True)
     shown = {n: judged[n] for n in worst if not judged[n].ok or n in worst[:3]}

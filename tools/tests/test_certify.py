@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # The template with one violation of spec.numerics rule 7: logits rounded to bf16.
@@ -97,3 +98,16 @@ def test_the_template_passes_what_it_supports_and_no_more(tmp_path):
     assert messages["golden_forward[forward_tiny_prenorm_bfloat16]"] == "not supported: pre-LN layers (norm_first)"
     assert messages["golden_greedy[greedy_tiny_float32]"].startswith("not supported: the backend does not support")
     assert messages["weights_round_trip_bit_exact[float32]"] == "not supported: the backend does not support save"
+
+
+def test_a_random_config_failure_replays_on_the_backend_given_as_an_import_path():
+    """The replay call a random-config failure prints names the ``--backend`` given, and ``replay`` loads it the
+    way the plugin does: a built-in name or an import path."""
+    from conformance import test_random_configs as rc
+    from spec.config import TINY
+
+    ex = rc.Example(TINY, 0, np.array([[5, 6, 2]]), np.array([[1, 7]]))
+    path = "conformance.adapters.backend_reference"
+    assert f"backend={path!r}" in ex.replay_call(path)
+    out = rc.replay(TINY.to_json(), 0, [[5, 6, 2]], [[1, 7]], backend=path)
+    assert not out.problems and out.logits is not None and out.logits.ok

@@ -27,21 +27,11 @@ def round_to(p: Tensor, dtype: torch.dtype) -> Tensor:
     the gradient of an fp32 master ``p``, not rounded to ``dtype`` on its way back as autograd's ``.to`` would.
     """
     if p.requires_grad and torch.is_grad_enabled() and p.dtype != dtype:  # else autograd's cast rounds nothing
-        return _RoundThrough.apply(p, dtype)
+        p0 = p.detach()
+        # p - (p - r) is r exactly (Sterbenz: p - r is exact, and so is its difference from p; -0 stays -0); its
+        # backward hands the gradient to p without an operator, as neither rounded term is differentiated.
+        return p - (p0 - p0.to(dtype).float())
     return p.to(dtype).float()
-
-
-class _RoundThrough(torch.autograd.Function):
-    """``round_to`` under autograd: forward p (any shape, fp32) -> p.to(dtype).float(); backward the identity
-    (``spec.training``'s straight-through rounding). One autograd node and no backward operator per weight."""
-
-    @staticmethod
-    def forward(ctx, p: Tensor, dtype: torch.dtype) -> Tensor:
-        return p.to(dtype).float()
-
-    @staticmethod
-    def backward(ctx, g: Tensor) -> tuple[Tensor, None]:
-        return g, None
 
 
 def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, *, n_in: int = 1, native_bf16: bool = False

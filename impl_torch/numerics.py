@@ -28,7 +28,9 @@ def round_to(p: Tensor, dtype: torch.dtype) -> Tensor:
     """
     if p.requires_grad and torch.is_grad_enabled() and p.dtype != dtype:  # else autograd's cast rounds nothing
         p0 = p.detach()
-        return p0.to(dtype).float() - (p0 - p)  # exactly the rounded value (p0 - p is +0, r - +0 is r); d/dp = 1
+        # p - (p - r) is r exactly (Sterbenz: p - r is exact, and so is its difference from p; -0 stays -0); its
+        # backward hands the gradient to p without an operator, as neither rounded term is differentiated.
+        return p - (p0 - p0.to(dtype).float())
     return p.to(dtype).float()
 
 

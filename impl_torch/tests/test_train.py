@@ -81,14 +81,6 @@ def test_mixed_gradients_are_the_fp32_masters_gradients():
         torch.testing.assert_close(grads_bf16[name], g, rtol=0, atol=0)
 
 
-def test_rounding_passes_the_gradient_through_in_fp32():
-    """The bf16 rounding of an fp32 master weight: straight-through, the fp32 gradient not rounded to bf16."""
-    w = torch.tensor([1.0 + 2.0 ** -12], requires_grad=True)
-    g_out = torch.tensor([1.0 + 2.0 ** -20])                             # not a bf16 value
-    (T.numerics.round_to(w, torch.bfloat16) * g_out).sum().backward()
-    assert w.grad.item() == g_out.item()
-
-
 class _GemmCensus(TorchDispatchMode):
     """Counts the 2-D GEMMs (``aten.mm``, ``aten.addmm``) run inside it, by operand dtype."""
 

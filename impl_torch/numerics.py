@@ -28,9 +28,9 @@ def round_to(p: Tensor, dtype: torch.dtype) -> Tensor:
     """
     if p.requires_grad and torch.is_grad_enabled() and p.dtype != dtype:  # else autograd's cast rounds nothing
         p0 = p.detach()
-        # p - (p - r) is r exactly (Sterbenz: p - r is exact, and so is its difference from p; -0 stays -0); its
-        # backward hands the gradient to p without an operator, as neither rounded term is differentiated.
-        return p - (p0 - p0.to(dtype).float())
+        # r - (p0 - p) is r bit for bit (p0 - p is +0, and x - +0 is x, -0 included); p - (p0 - r) would save the
+        # backward's two negations but turns a negative subnormal that rounds to -0 into +0.
+        return p0.to(dtype).float() - (p0 - p)
     return p.to(dtype).float()
 
 

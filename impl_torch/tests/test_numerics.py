@@ -16,16 +16,16 @@ def test_rounding_passes_the_gradient_through_in_fp32():
     assert w.grad.item() == g_out.item()
 
 
-def test_rounding_runs_no_operator_backward():
-    """The straight-through rounding is exact forward (-0 kept) and runs no operator backward: the gradient is handed
-    on."""
-    w = torch.tensor([1.0 + 2.0 ** -12, -3.0 - 2.0 ** -10, -0.0, 3.4e38], requires_grad=True)
+def test_rounding_is_bit_exact_and_casts_nothing_backward():
+    """The straight-through rounding gives the cast's bits forward (-0, a negative subnormal rounding to -0, an
+    overflow to inf) and runs no cast backward: the gradient is handed on, negated twice at most."""
+    w = torch.tensor([1.0 + 2.0 ** -12, -3.0 - 2.0 ** -10, -0.0, -1e-45, 3.4e38], requires_grad=True)
     r = round_to(w, torch.bfloat16)
     assert torch.equal(r.view(torch.int32), w.detach().to(torch.bfloat16).float().view(torch.int32))  # the bits
-    g_out = torch.tensor([1.0 + 2.0 ** -20, -2.0 ** -30, 1.0, 1.0])
+    g_out = torch.tensor([1.0 + 2.0 ** -20, -2.0 ** -30, 1.0, 1.0, 1.0])
     with _OpCensus() as census:
         (g,) = torch.autograd.grad(r, w, g_out)
-    assert census.ops == [] and torch.equal(g, g_out)
+    assert set(census.ops) <= {torch.ops.aten.neg.default} and len(census.ops) <= 2 and torch.equal(g, g_out)
 
 
 class _OpCensus(TorchDispatchMode):

@@ -87,3 +87,10 @@ def test_a_record_without_each_runs_peak_is_one_run():
     assert verdict.peaks({"metrics": {"peak_rss_mb": 700.0}}) == [700.0]
     runs = {"metrics": {"peak_rss_mb": 701.0}, "peak_rss_runs_mb": [700.0, 701.0, 705.0]}
     assert verdict.peaks(runs) == [700.0, 701.0, 705.0]
+
+
+def test_a_measurement_past_its_budget_still_runs_the_rounds_a_verdict_needs():
+    """The budget cuts the rounds short of ``repeats`` only once a verdict has the rounds it needs."""
+    timings = measure_together([lambda: None, lambda: None], repeats=8, budget_s=0.0)
+    assert [len(t.times_s) for t in timings] == [verdict.MIN_ROUNDS] * 2
+    assert len(measure_together([lambda: None], repeats=2, budget_s=0.0)[0].times_s) == 2

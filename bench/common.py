@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 import spec
-from bench.verdict import MAX_ROUNDS
+from bench.verdict import MAX_ROUNDS, MIN_ROUNDS
 from spec.config import Config
 from spec.training import TrainConfig, learning_rate
 
@@ -164,9 +164,9 @@ def measure_together(fns: list[Callable[[], Any]], repeats: int, budget_s: float
 
     Each is called once first (its time is ``first_s``: compilation and the first run) and once more untimed
     (the first runs after compiling are slower: allocation, page faults); then up to ``repeats`` rounds, stopping
-    early (but after at least 3) once ``budget_s`` has passed. With ``until`` (the seconds of each function's
-    rounds so far -> whether every verdict they feed is decided, ``bench.verdict.decided``), rounds go on until
-    it holds, up to ``bench.verdict.MAX_ROUNDS``.
+    early once ``budget_s`` has passed but not before the rounds a verdict needs (``bench.verdict.MIN_ROUNDS``).
+    With ``until`` (the seconds of each function's rounds so far -> whether every verdict they feed is decided,
+    ``bench.verdict.decided``), rounds go on until it holds, up to ``bench.verdict.MAX_ROUNDS``.
     """
     first = []
     for fn in fns:
@@ -176,7 +176,7 @@ def measure_together(fns: list[Callable[[], Any]], repeats: int, budget_s: float
         fn()
     times: list[list[float]] = [[] for _ in fns]
     spent = 0.0
-    while (len(times[0]) < repeats and (len(times[0]) < 3 or spent < budget_s)
+    while (len(times[0]) < repeats and (len(times[0]) < MIN_ROUNDS or spent < budget_s)
            or until is not None and len(times[0]) < MAX_ROUNDS and not until(times)):
         for fn, mine in zip(fns, times, strict=True):
             start = clock()

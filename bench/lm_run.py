@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import verdict
 from bench.common import bench_params, clock, measure_together
 from bench.lm_common import LMSubject, capacity, lm_config, prompts
 from spec.flops import decode_flops, forward_flops
@@ -71,7 +72,7 @@ def _decode(runner: Any, subjects: list[LMSubject], configs: dict, prompt: np.nd
         for s, mine in zip(subjects, rounds, strict=True):
             at = [float(np.median(s.decode_steps(prompt[:, :ctx], steps, cap))) for ctx in (short, L)]
             mine.append((at[0], at[1]))
-        if r >= 3 and clock() - start > 120:   # as measure_together: at least 3 timed rounds, then a budget
+        if r >= verdict.MIN_ROUNDS and clock() - start > 120:   # as measure_together: a verdict's rounds, a budget
             break
     for s, mine in zip(subjects, rounds, strict=True):
         (first_short, first_long), timed = mine[0], mine[1:]

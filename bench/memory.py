@@ -1,6 +1,7 @@
 """Peak memory per workload (``bench.run --workloads memory``): each subject runs one workload alone in a process
-of its own, so that the process's peak resident memory is the subject's; ``run_memory`` starts those processes and
-records what each prints:
+of its own, so that the process's peak resident memory is the subject's; ``run_memory`` starts those processes,
+``--memory-runs`` per subject in rounds that take each subject in turn (a verdict needs ``bench.verdict.MIN_RUNS``),
+and records every process's peak:
 
     python -m bench.memory --framework jax --workload train --subject peer --dtype bfloat16 --config base
 
@@ -24,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 import spec
 from bench.common import bench_params, inputs, rss_mb, targets
 from spec.api import BACKENDS
@@ -33,17 +36,27 @@ OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
 
 
 def run_memory(runner: Any) -> None:
-    """Every (workload, dtype, subject) in its own process; one ``memory`` record each."""
+    """Every (workload, dtype, subject) in ``--memory-runs`` processes of its own; one ``memory`` record each, with
+    every process's peak (``peak_rss_runs_mb``) and the medians."""
     a = runner.args
-    for workload in WORKLOADS:
-        for dtype in a.dtypes:
-            for who in ("ours", "peer") if workload in ("forward", "train") else ("ours",):
-                out = alone(a, workload, who, dtype, a.batch)
-                if "error" in out:
-                    raise RuntimeError(out["error"])
-                runner.record("memory", out["subject"], dtype, {"B": a.batch, "S": a.src_len, "T": a.tgt_len},
-                              of=workload, metrics={"peak_rss_mb": out["peak_rss_mb"],
-                                                    "framework_rss_mb": out["framework_rss_mb"]})
+    subjects = [(workload, dtype, who) for workload in WORKLOADS for dtype in a.dtypes
+                for who in (("ours", "peer") if workload in ("forward", "train") else ("ours",))]
+    rounds = [[_alone_or_raise(a, workload, who, dtype) for workload, dtype, who in subjects]
+              for _ in range(a.memory_runs)]
+    for i, (workload, dtype, _) in enumerate(subjects):
+        outs = [r[i] for r in rounds]
+        peaks = [out["peak_rss_mb"] for out in outs]
+        runner.record("memory", outs[0]["subject"], dtype, {"B": a.batch, "S": a.src_len, "T": a.tgt_len},
+                      of=workload, peak_rss_runs_mb=peaks,
+                      metrics={"peak_rss_mb": float(np.median(peaks)),
+                               "framework_rss_mb": float(np.median([out["framework_rss_mb"] for out in outs]))})
+
+
+def _alone_or_raise(a: argparse.Namespace, workload: str, who: str, dtype: str) -> dict[str, Any]:
+    out = alone(a, workload, who, dtype, a.batch)
+    if "error" in out:
+        raise RuntimeError(out["error"])
+    return out
 
 
 def alone(a: argparse.Namespace, workload: str, who: str, dtype: str, batch: int, runs: int = 2) -> dict[str, Any]:

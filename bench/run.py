@@ -22,7 +22,7 @@ merges the files. Workloads (``--workloads``, default all):
   source + 25,000 target tokens), each in its own process: time, tokens/s, share of the GEMM rate, peak memory
   (``bench.paper_batch``).
 - ``memory``: the peak resident memory of the forward, greedy, beam and training step, ours and (forward, train)
-  the peer, each subject in a process of its own (``bench.memory``).
+  the peer, each subject in ``--memory-runs`` processes of its own (``bench.memory``).
 """
 
 from __future__ import annotations
@@ -220,6 +220,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--translate-batches", type=_ints, default=[1, 32], help="B of the translate workload")
     p.add_argument("--translate-rounds", type=int, default=verdict.MIN_ROUNDS,
                    help="processes per system of the translate workload")
+    p.add_argument("--memory-runs", type=int, default=verdict.MIN_RUNS,
+                   help="processes per subject of the memory workload")
     p.add_argument("--threads", type=int, default=os.cpu_count(),
                    help="intra-op threads of torch and CTranslate2 in the translate and memory workloads' processes")
     return p

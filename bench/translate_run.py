@@ -6,8 +6,9 @@ type here: its CPU build has no bf16), all holding the same weights (``bench.tra
 Each system runs in a process of its own (``bench.translate_worker``), so a record's ``peak_rss_mb`` is that
 system's peak resident memory, framework included (``framework_rss_mb``: the process before the model was
 built). ``--translate-rounds`` rounds start one process per system in turn, so that the machine's drift weighs
-on each alike; a record keeps each round's median pass (``times_s``), and the report's ratios pair the figures
-of one round. Tokens/s count the tokens one pass generates (every sentence ``NEW_TOKENS``).
+on each alike; a record keeps each round's median pass (``times_s``) and each round's peak memory
+(``peak_rss_runs_mb``; ``peak_rss_mb`` is their median), and the report's ratios pair the figures of one round.
+Tokens/s count the tokens one pass generates (every sentence ``NEW_TOKENS``).
 """
 
 from __future__ import annotations
@@ -58,16 +59,18 @@ def _worker(args: Any, system: str, dtype: str, mode: str, B: int) -> dict[str, 
 
 def _record(runner: Any, mode: str, B: int, system: str, dtype: str, results: list[dict[str, Any]],
             ours: list[list[int]] | None) -> None:
-    """One system's rounds as a record: the median pass of each round, peak memory over the rounds, and whether
-    its first batch's translations are ours (``ours``: in the same dtype, else float32; None when not run)."""
+    """One system's rounds as a record: the median pass of each round, each round's peak memory (the report judges
+    them all, ``bench.verdict.judge_peaks``) and their median, and whether its first batch's translations are ours
+    (``ours``: in the same dtype, else float32; None when not run)."""
     per_round = [float(np.median(r["times_s"])) for r in results]
     timing = {"first_s": results[0]["first_s"], "median_s": float(np.median(per_round)), "min_s": min(per_round),
               "max_s": max(per_round), "repeats": sum(len(r["times_s"]) for r in results)}
     tokens = results[0]["tokens"]
     dims = {"B": B, "sentences": tc.sentence_count(B), "new_tokens": tc.NEW_TOKENS,
             "beam_size": 1 if mode == "greedy" else tc.BEAM_SIZE}
-    metrics = {"tokens_per_s": tokens / timing["median_s"], "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+    peaks = [r["peak_rss_mb"] for r in results]
+    metrics = {"tokens_per_s": tokens / timing["median_s"], "peak_rss_mb": float(np.median(peaks)),
                "framework_rss_mb": results[0]["framework_rss_mb"]}
     runner.record(f"translate_{mode}", results[0]["subject"], dtype, dims, timing=timing, times_s=per_round,
-                  metrics=metrics, system=system,
+                  metrics=metrics, peak_rss_runs_mb=peaks, system=system,
                   same_translations_as_ours=None if ours is None else results[0]["translations"] == ours)

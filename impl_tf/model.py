@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -283,8 +284,8 @@ def _compiled(model: tf.Module, name: str, fn: Callable, signature: list | None,
     program, compiled_shapes = _programs.pop(key, (None, set()))
     if program is None:
         weights = [tf.TensorSpec(p.shape, p.dtype) for p in model.params.values()]
-        program = tf.function(_on_weights(model, fn), input_signature=None if signature is None else
-                              [weights, *signature], jit_compile=True, autograph=False)
+        program = tf.function(_on_weights, input_signature=None if signature is None else [weights, *signature],
+                              jit_compile=True, autograph=False)
     _programs[key] = program, compiled_shapes                        # the most recently used last
     while len(_programs) > PROGRAMS_KEPT:
         _programs.popitem(last=False)
@@ -292,24 +293,43 @@ def _compiled(model: tf.Module, name: str, fn: Callable, signature: list | None,
     if shape not in compiled_shapes:
         compiled_shapes.add(shape)
         logger.info("impl_tf: compiling %s for shape %s", name, shape)
-    return functools.partial(program, list(model.params.values()))
+    return functools.partial(_call, program, model, fn)
 
 
-def _on_weights(model: tf.Module, fn: Callable) -> Callable:
-    """``fn(*args)`` of ``model`` as ``program(weights, *args)``, weights in ``model.params`` order: while it traces,
-    the layers and ``params`` hold the arguments in place of the model's variables, so the trace captures no
-    model's variables and runs any model of the config."""
-    def program(weights: list, *args):
-        held = dict(zip((id(v) for v in model.params.values()), weights, strict=True))
-        slots = [(m, k, v) for m in (model, *model.submodules) for k, v in vars(m).items() if id(v) in held]
-        params = model.params
-        try:
-            for m, k, v in slots:
-                setattr(m, k, held[id(v)])
-            model.params = dict(zip(params, weights, strict=True))
-            return fn(*args)
-        finally:
-            for m, k, v in slots:
-                setattr(m, k, v)
-            model.params = params
-    return program
+class _Tracing(threading.local):
+    """The model and function of the program call under way, which a trace reads (``_on_weights``): the cached
+    programs themselves hold no model, so a model the caller drops is freed."""
+    model: tf.Module | None = None
+    fn: Callable | None = None
+
+
+_tracing = _Tracing()
+
+
+def _call(program: Callable, model: tf.Module, fn: Callable, *args):
+    """``program(weights, *args)`` on ``model``'s weights, ``model`` and ``fn`` what a trace it triggers runs."""
+    saved = _tracing.model, _tracing.fn
+    _tracing.model, _tracing.fn = model, fn
+    try:
+        return program(list(model.params.values()), *args)
+    finally:
+        _tracing.model, _tracing.fn = saved
+
+
+def _on_weights(weights: list, *args):
+    """The traced body of every program: ``fn(*args)`` of the call's model (``_tracing``), weights in
+    ``model.params`` order; the layers and ``params`` hold the arguments in place of the model's variables while it
+    traces, so the trace captures no model's variables and runs any model of the config."""
+    model, fn = _tracing.model, _tracing.fn
+    held = dict(zip((id(v) for v in model.params.values()), weights, strict=True))
+    slots = [(m, k, v) for m in (model, *model.submodules) for k, v in vars(m).items() if id(v) in held]
+    params = model.params
+    try:
+        for m, k, v in slots:
+            setattr(m, k, held[id(v)])
+        model.params = dict(zip(params, weights, strict=True))
+        return fn(*args)
+    finally:
+        for m, k, v in slots:
+            setattr(m, k, v)
+        model.params = params

@@ -3,7 +3,9 @@ once, and padding to buckets."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -213,3 +215,7 @@ def test_models_of_one_config_share_programs_on_their_own_weights(config, tokens
         assert program is b.compiled[name] and program.experimental_get_tracing_count() == 1, name
         for fn in program._list_all_concrete_functions():
             assert not [x for x in fn.captured_inputs if x.dtype == tf.resource], name
+    held = weakref.ref(a)
+    del a, alone
+    gc.collect()
+    assert held() is None, "a cached program keeps the model that traced it alive"

@@ -3,8 +3,8 @@ and what the decoder-only ``impl_tf.lm.LanguageModel`` shares with it (``decode`
 
 The decoder has one code path, as in ``spec.reference``: it consumes n new target tokens against a ``KVCache`` of
 everything before them; a teacher-forced forward is one call with all T tokens and an empty cache. The entry points
-run as ``tf.function(jit_compile=True)`` programs, the model's own (``compiled``), with shape-polymorphic input
-signatures: traced once, compiled by XLA once per concrete shape.
+run as ``tf.function(jit_compile=True)`` programs with shape-polymorphic input signatures: traced once, compiled by
+XLA once per concrete shape, and shared by the models of one config, whose weights they take as arguments.
 
 So that varying shapes compile a bounded number of programs, the forward, ``encode``, the searches and the
 training steps pad their inputs to buckets (``spec.shapes.batch_bucket``, ``length_bucket``; why the padding
@@ -15,7 +15,10 @@ INFO on the ``"impl_tf"`` logger.
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -32,8 +35,10 @@ from spec.recording import record, recording, scope
 from spec.schema import param_specs
 
 IDS = tf.TensorSpec([None, None], tf.int32)
+PROGRAMS_KEPT = 64  # programs held (``_compiled``), least recently used dropped first: each holds its XLA executables
 SEED = tf.TensorSpec([2], tf.int64)  # a dropout rng: a stateless seed, an argument of the program (not baked in)
 logger = logging.getLogger("impl_tf")
+_programs: collections.OrderedDict = collections.OrderedDict()  # (config, name) -> (tf.function, shapes compiled)
 
 
 class KVCache(NamedTuple):
@@ -233,12 +238,11 @@ def _forward(model: Transformer, src: tf.Tensor, tgt_in: tf.Tensor, rng: tf.Tens
 
 def _model_fields(model: tf.Module) -> None:
     """What a model (``Transformer``, ``LanguageModel``) holds beside its layers: ``params``, {canonical name:
-    tf.Variable} in ``spec.schema`` order (the shared embedding once); ``compiled``, the model's XLA programs by
-    name (``forward``, ``decode``, the searches', the training steps'), made at first use."""
+    tf.Variable} in ``spec.schema`` order (the shared embedding once); ``compiled``, the XLA programs it ran by
+    name (``forward``, ``decode``, the searches', the training steps'), shared with the models of its config."""
     by_name = {v.name.removesuffix(":0"): v for v in model.variables}
     model.params = {s.name: by_name[s.name] for s in param_specs(model.config)}
     model.compiled = {}  # str name -> tf.function (str: tf.Module sorts the keys when it lists the variables)
-    model._shapes = set()  # (name, shape) pairs dispatched so far: XLA compiled each once
 
 
 def _run_forward(model: tf.Module, forward: Callable, ids: list[np.ndarray], intermediates: bool, rng
@@ -267,14 +271,65 @@ def _run_forward(model: tf.Module, forward: Callable, ids: list[np.ndarray], int
 
 
 def _compiled(model: tf.Module, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]
-              ) -> tf.types.experimental.PolymorphicFunction:
-    """The model's program ``name`` (its ``compiled`` field): ``fn`` XLA-compiled at first use, traced once for
-    ``signature``, or without one a program per ``shape``. Logs ``shape``, the concrete shape about to be
-    dispatched, the first time: XLA compiles it then."""
-    key = name if signature is not None else f"{name} {shape}"
-    if key not in model.compiled:
-        model.compiled[key] = tf.function(fn, input_signature=signature, jit_compile=True)
-    if (name, shape) not in model._shapes:
-        model._shapes.add((name, shape))
+              ) -> Callable:
+    """The program ``name`` of the model's config, bound to the model's weights: ``fn`` XLA-compiled at first use,
+    traced once for ``signature``, or without one a program per ``shape``. Logs ``shape``, the concrete shape about
+    to be dispatched, the first time: XLA compiles it then.
+
+    Programs are shared by every model of one config, as ``jax.jit``'s cache is: the weights are the program's first
+    argument (``_on_weights``), so a new model of a known config neither traces nor compiles again; the
+    ``PROGRAMS_KEPT`` programs used last are held. A program with a signature takes the weights as tensors, one
+    without (a training step's) as the variables it updates."""
+    key = (model.config, name if signature is not None else f"{name} {shape}")
+    program, compiled_shapes = _programs.pop(key, (None, set()))
+    if program is None:
+        weights = [tf.TensorSpec(p.shape, p.dtype) for p in model.params.values()]
+        program = tf.function(_on_weights, input_signature=None if signature is None else [weights, *signature],
+                              jit_compile=True, autograph=False)
+    _programs[key] = program, compiled_shapes                        # the most recently used last
+    while len(_programs) > PROGRAMS_KEPT:
+        _programs.popitem(last=False)
+    model.compiled[key[1]] = program
+    if shape not in compiled_shapes:
+        compiled_shapes.add(shape)
         logger.info("impl_tf: compiling %s for shape %s", name, shape)
-    return model.compiled[key]
+    return functools.partial(_call, program, model, fn)
+
+
+class _Tracing(threading.local):
+    """The model and function of the program call under way, which a trace reads (``_on_weights``): the cached
+    programs themselves hold no model, so a model the caller drops is freed."""
+    model: tf.Module | None = None
+    fn: Callable | None = None
+
+
+_tracing = _Tracing()
+
+
+def _call(program: Callable, model: tf.Module, fn: Callable, *args):
+    """``program(weights, *args)`` on ``model``'s weights, ``model`` and ``fn`` what a trace it triggers runs."""
+    saved = _tracing.model, _tracing.fn
+    _tracing.model, _tracing.fn = model, fn
+    try:
+        return program(list(model.params.values()), *args)
+    finally:
+        _tracing.model, _tracing.fn = saved
+
+
+def _on_weights(weights: list, *args):
+    """The traced body of every program: ``fn(*args)`` of the call's model (``_tracing``), weights in
+    ``model.params`` order; the layers and ``params`` hold the arguments in place of the model's variables while it
+    traces, so the trace captures no model's variables and runs any model of the config."""
+    model, fn = _tracing.model, _tracing.fn
+    held = dict(zip((id(v) for v in model.params.values()), weights, strict=True))
+    slots = [(m, k, v) for m in (model, *model.submodules) for k, v in vars(m).items() if id(v) in held]
+    params = model.params
+    try:
+        for m, k, v in slots:
+            setattr(m, k, held[id(v)])
+        model.params = dict(zip(params, weights, strict=True))
+        return fn(*args)
+    finally:
+        for m, k, v in slots:
+            setattr(m, k, v)
+        model.params = params

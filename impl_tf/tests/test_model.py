@@ -3,7 +3,9 @@ once, and padding to buckets."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -158,19 +160,20 @@ def test_shapes_are_padded_to_buckets_and_logged(config, params, tokens, caplog)
     changes no bf16 result; the fp32 logits may move by an ulp or two, as the contract lets the fp32 summation order
     follow the product's shape (a padded product has more rows: another GEMM blocking, or the upcast path of
     ``numerics.matmul_f32`` instead of bf16 operands)."""
-    model = impl_tf.from_params(config, params)
+    model = impl_tf.from_params(config.replace(layer_norm_eps=2e-6), params)  # a config no other test compiles for
     with caplog.at_level(logging.INFO, logger="impl_tf"):
         for B, S, T in [(3, 3, 8), (4, 8, 5), (3, 6, 1)]:
             src, tgt_in = tokens(S, B, S), tokens(T, B, T, bos=True)
             src[0, S - 1:] = config.pad_id
             got = model(src, tgt_in).numpy()
             assert got.shape == (B, T, config.vocab_size)
+            weights = list(model.params.values())
             ids = (tf.constant(x, tf.int32) for x in (src, tgt_in))
-            want = model.compiled["forward"](*ids).numpy()                          # the unpadded program
+            want = model.compiled["forward"](weights, *ids).numpy()                          # the unpadded program
             np.testing.assert_allclose(got, want, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(want).max())
             memory = model.encode(src).numpy()
             assert memory.shape == (B, S, config.d_model)
-            np.testing.assert_array_equal(memory, model.compiled["encode"](tf.constant(src, tf.int32)).numpy())
+            np.testing.assert_array_equal(memory, model.compiled["encode"](weights, tf.constant(src, tf.int32)).numpy())
         model(tokens(0, 1, 9), tokens(1, 1, 3, bos=True))
         cache = model.init_cache(model.encode(src), src, 2)  # not padded: the capacity is the caller's
         for t in range(2):
@@ -190,3 +193,29 @@ def test_intermediates_are_sliced_to_the_real_shapes(model, tokens):
     np.testing.assert_array_equal(logits.numpy(), want_logits)
     for name, (shape, _) in shapes.intermediates(model.config, 3, 5, 2).items():
         assert tuple(rec[name].shape) == shape, name
+
+
+def test_models_of_one_config_share_programs_on_their_own_weights(config, tokens):
+    """A second model of a config runs the first one's programs, traced and compiled once, on its own weights: the
+    traces capture no model's variables, and a training step of one model leaves the other's logits unchanged."""
+    c = config.replace(dtype="float32", param_dtype="float32", layer_norm_eps=1e-5)  # no other test compiles it
+    a, b = impl_tf.Transformer(c, seed=0), impl_tf.Transformer(c, seed=1)
+    src, tgt_in, tgt_out = tokens(30, 2, 5), tokens(31, 2, 4, bos=True), tokens(32, 2, 4)
+    got_a, got_b = a(src, tgt_in).numpy(), b(src, tgt_in).numpy()
+    assert not np.array_equal(got_a, got_b)
+    impl_tf.train_step(a, impl_tf.init_train_state(a), src, tgt_in, tgt_out)
+    np.testing.assert_array_equal(b(src, tgt_in).numpy(), got_b)
+    assert not np.array_equal(a(src, tgt_in).numpy(), got_a)
+    # a's own weights, by a model of another config whose forward is the same (evaluation has no dropout)
+    alone = impl_tf.from_params(c.replace(dropout=0.3), impl_tf.params_of(a))
+    np.testing.assert_array_equal(a(src, tgt_in).numpy(), alone(src, tgt_in).numpy())
+    impl_tf.train_step(b, impl_tf.init_train_state(b), src, tgt_in, tgt_out)
+    for name in ("forward", "train_step (2, 8, 8)"):
+        program = a.compiled[name]
+        assert program is b.compiled[name] and program.experimental_get_tracing_count() == 1, name
+        for fn in program._list_all_concrete_functions():
+            assert not [x for x in fn.captured_inputs if x.dtype == tf.resource], name
+    held = weakref.ref(a)
+    del a, alone
+    gc.collect()
+    assert held() is None, "a cached program keeps the model that traced it alive"

@@ -48,6 +48,17 @@ PEERS = {"torch": "transformers, ctranslate2", "jax": "flax", "tf": "keras_hub"}
 REPORTS = ROOT / "reports" / time.strftime("%Y%m%d-%H%M%S")
 DURATIONS = "--durations=10"  # each pytest session names its slowest tests, where the main job's minutes go
 
+
+def parallel(session: nox.Session) -> tuple[str, ...]:
+    """pytest's options for a worker per core (pytest-xdist), up to 4 (each imports its framework), a test file per
+    worker so that module fixtures are built once; each worker one intra-op thread, as the session's environment
+    says to every framework (OpenMP threads spinning on a core another worker holds slow torch many times)."""
+    session.env.update(OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+    one = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    session.env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {one}".strip()
+    return "-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadfile"
+
+
 nox.options.sessions = ["conformance"]
 # uv where it is installed (``pip install nox uv``): it installs a session's frameworks from its cache in seconds
 # where pip takes a minute or more, once per session; plain virtualenvs and pip otherwise.
@@ -201,8 +212,9 @@ def text(session: nox.Session) -> None:
     -> BLEU, one checkpoint translated by all three; the torch peer), the training demo's short run in each impl,
     impl_torch's ONNX export in ONNX Runtime, and checkpoints from and to ``transformers`` in every impl; the text
     layer's framework-free unit tests run in ``tests``."""
-    session.install(*CONSTRAINTS, *TEXT, "pytest", "matplotlib", "onnx", "onnxruntime", "transformers")
-    session.run("pytest", "tools/tests", "-p", "no:cacheprovider", DURATIONS, *session.posargs)
+    session.install(*CONSTRAINTS, *TEXT, "pytest", "pytest-xdist", "matplotlib", "onnx", "onnxruntime",
+                    "transformers")
+    session.run("pytest", "tools/tests", "-p", "no:cacheprovider", DURATIONS, *parallel(session), *session.posargs)
 
 
 @session
@@ -236,10 +248,10 @@ def tests(session: nox.Session, package: str) -> None:
     main = wheels[f"aiayn_{package.removeprefix('impl_')}"]
     spec_wheel = [] if main == wheels["aiayn_spec"] else [str(wheels["aiayn_spec"])]
     session.install(*CONSTRAINTS, *spec_wheel, f"{main}{EXTRAS.get(package, '')}", *BESIDE.get(package, []),
-                    "pytest", "hypothesis")
+                    "pytest", "pytest-xdist", "hypothesis")
     if package in NO_DEPS:
         session.install(*CONSTRAINTS, "--no-deps", *NO_DEPS[package])
-    session.run("pytest", f"{package}/tests", "-p", "no:cacheprovider", DURATIONS, *session.posargs)
+    session.run("pytest", f"{package}/tests", "-p", "no:cacheprovider", DURATIONS, *parallel(session), *session.posargs)
     blocks = _readme_examples(package)
     session.chdir(tmp)  # the repository is not importable from here: the installed wheels are what runs
     for i, code in enumerate(blocks):

@@ -23,8 +23,9 @@ F32 = jnp.float32
 # skipping for instance the rounding of residual sums before LayerNorm (rule 5). Every jit of impl_jax compiles
 # with it off; a caller who jits the model in a jit of their own passes these options to it too (``jax.jit(f,
 # compiler_options=impl_jax.XLA_OPTIONS)``): JAX takes compiler options from the outermost jit only.
-# LLVM's optimization level 1 (XLA's default is 3) compiles a program in 60-85% of the time, with the same run time
-# and weights (a loss's fp32 sum may end 1 ulp apart: docs/decisions-jax.md); level 0 changes the weights' bits.
+# LLVM's optimization level 1 (XLA's default is 3): the same run time and weights (a loss's fp32 sum may end 1 ulp
+# apart), a compile in 60-85% of the time within one process, undecided from a fresh one (docs/decisions-jax.md);
+# level 0 changes the weights' bits.
 XLA_OPTIONS = {"xla_allow_excess_precision": False, "xla_backend_optimization_level": 1}
 
 # A product of two bf16 values is exact in fp32, so an fp32 product of bf16 operands upcast to fp32 is the

@@ -6,10 +6,10 @@ new batch shape (jax and tf compile one program per shape; torch runs eagerly).
 
 Each backend runs in a fresh process (no program compiled by another backend's run or an earlier one), pinned to
 one core with one intra-op thread (``text.cli.load_backend``). Per length L, the model takes ``train_step`` on a
-new (B, L) batch twice: the first call's seconds, the second's (the warm step), and their difference, the cost of
-the new bucket. jax also reports how that cost splits into tracing (jaxpr), lowering and XLA compilation
-(``jax.monitoring``'s compile events); tf and torch report the difference only. Writes ``first-step.json`` and
-``first-step.md`` under ``--out`` with the CPU and versions.
+new (B, L) batch four times: the first call's seconds, the median of the next three (the warm step), and their
+difference, the cost of the new bucket. jax also reports how that cost splits into tracing (jaxpr), lowering and
+XLA compilation (``jax.monitoring``'s compile events); tf and torch report the difference only. Writes
+``first-step.json`` and ``first-step.md`` under ``--out`` with the CPU and versions.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import numpy as np
 from bench.common import machine
 
 BACKENDS = ("torch", "jax", "tf")
+WARM = 3  # warm calls after the first; their median is the warm step
 # jax's compile events (jax._src.dispatch), seconds each; summed per call.
 JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
@@ -46,7 +47,8 @@ def measure(backend: str, preset: str, dtype: str, batch: int, lengths: list[int
     rng, rows = np.random.default_rng(0), []
     for n in lengths:
         src, tgt_in, tgt_out = (rng.integers(4, config.vocab_size, (batch, n)).astype(np.int32) for _ in range(3))
-        (first, split), (warm, _) = (_timed(impl, model, state, (src, tgt_in, tgt_out), events) for _ in range(2))
+        (first, split), *warm = (_timed(impl, model, state, (src, tgt_in, tgt_out), events) for _ in range(1 + WARM))
+        warm = float(np.median([seconds for seconds, _ in warm]))
         rows.append({"length": n, "first_s": first, "warm_s": warm, "new_bucket_s": first - warm, **split})
     framework = sys.modules[{"torch": "torch", "jax": "jax", "tf": "tensorflow"}.get(backend, backend)]
     return {"backend": backend, "version": getattr(framework, "__version__", "?"), "rows": rows}
@@ -81,7 +83,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     head = (f"# The first training step of a new shape bucket\n\n`python -m tools.first_step --preset {args.preset} "
             f"--dtype {args.dtype} --batch {args.batch} --lengths {' '.join(map(str, args.lengths))}`: each backend "
             f"in a fresh process, one core, one intra-op thread; seconds of `train_step` on a new (B, L) batch, its "
-            f"first call and the next (warm) one. jax's split: jaxpr tracing, lowering to StableHLO, XLA compile.\n\n"
+            f"first call and the median of the next {WARM} (warm). jax's split: jaxpr tracing, lowering to StableHLO, "
+            "XLA compile.\n\n"
             "| backend | version | L | first (s) | warm (s) | new bucket (s) | trace (s) | lower (s) | compile (s) |\n"
             "|---|---|---|---|---|---|---|---|---|\n")
     cell = lambda row, key: f"{row[key]:.2f}" if key in row else ""  # noqa: E731

@@ -53,7 +53,7 @@ console = Console(stderr=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     fw = importlib.import_module(f"bench.bench_{args.framework}")
     env = {"framework": args.framework, "device": args.device, "machine": machine(), **fw.setup(args.device)}
     records: list[dict[str, Any]] = []
@@ -194,7 +194,8 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.run``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--framework", required=True, choices=BACKENDS)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

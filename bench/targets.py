@@ -38,7 +38,10 @@ def table(runs: list[dict[str, Any]]) -> str:
                               "over rounds of the per-round ratio, the 10-90% interval of the rounds, and ✓ or ✗ "
                               "where the whole interval lies on one side of the target, \"undecided\" where it "
                               "covers it (`bench.verdict`: subjects timed together, rounds added until decided, "
-                              f"at most {verdict.MAX_ROUNDS}). The cache's speed-up and the step's growth are "
+                              f"at least {verdict.MIN_ROUNDS} and at most {verdict.MAX_ROUNDS}; a peak-memory "
+                              f"verdict compares every process's peak, at least {verdict.MIN_RUNS} per subject, ✓ "
+                              "only where ours' highest is at most the peer's lowest). The cache's speed-up and the "
+                              "step's growth are "
                               "judged over rounds of the whole step series; bf16 over fp32 decoding is the fp32 "
                               "greedy search's time over the bf16 one's.")
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import machine
+from spec.api import BACKENDS
 
-BACKENDS = ("torch", "jax", "tf")
 WARM = 3  # warm calls after the first; their median is the warm step
 # jax's compile events (jax._src.dispatch), seconds each; summed per call.
 JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",

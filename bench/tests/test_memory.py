@@ -47,7 +47,7 @@ def test_a_memory_verdict_has_its_runs_by_default(tmp_path, monkeypatch):
     assert len(started) == 6 * verdict.MIN_RUNS and started[:6] == started[6:12], started
     assert [r["peak_rss_runs_mb"] for r in recs[:2]] == [[101.0, 107.0, 113.0], [102.0, 108.0, 114.0]]
     assert recs[0]["metrics"] == {"peak_rss_mb": 107.0, "framework_rss_mb": 50.0}
-    assert run._parser().get_default("translate_rounds") == verdict.MIN_ROUNDS
+    assert run.parser().get_default("translate_rounds") == verdict.MIN_ROUNDS
 
 
 def test_paper_batch_records_each_batch_and_a_process_that_fails(tmp_path, monkeypatch):

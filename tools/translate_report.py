@@ -15,7 +15,16 @@ NAMES = {**{b: f"impl_{b}" for b in BACKENDS}, "peer": "torch.nn.Transformer (pe
 def _machine_line() -> str:
     """This machine in one line for the report and the plot: CPU, cores, Python, date (``bench.common.machine``)."""
     m = machine()
-    return f"{m['cpu']}, {m['cores']} cores, Python {m['python']}, {m['date']}"
+    return f"{m['cpu']} ({' '.join(m['simd'])}), {m['cores']} cores, Python {m['python']}, {m['date']}"
+
+
+def _label(name: str) -> str:
+    """A system's name in the table; the peer's with its precision, bf16 autocast only where the CPU has bf16 dot
+    products (``tools.peer_torch.native_bf16``)."""
+    if name != "peer":
+        return NAMES.get(name, name)
+    native = {"avx512_bf16", "amx_bf16"} & set(machine()["simd"])
+    return f"{NAMES[name]}, {'bf16 autocast' if native else 'fp32 (no bf16 dot products on this CPU)'}"
 
 
 def table(result: dict) -> str:
@@ -25,7 +34,7 @@ def table(result: dict) -> str:
              "test BLEU, averaged | length ratio (averaged) |", "|---|---|---|---|---|---|---|"]
     for name, runs in result["runs"].items():
         last, test = runs[-1], result["test"][name]
-        lines.append(f"| {NAMES.get(name, name)} | {last['step']:,} | {last['tokens_per_s']:,.0f} | "
+        lines.append(f"| {_label(name)} | {last['step']:,} | {last['tokens_per_s']:,.0f} | "
                      f"{last['dev_loss']:.3f} | {test['last']['bleu']:.2f} | {test['averaged']['bleu']:.2f} | "
                      f"{test['averaged']['length_ratio']:.2f} |")
     lines.append(f"| copy the source | | | | {base['copy_bleu']:.2f} | | {base['copy_length_ratio']:.2f} |")

@@ -25,8 +25,10 @@ refused. ``save_train_state``/``load_train_state`` (the loop's checkpoints) keep
 config and the dropout generator, so a resumed run goes on bit for bit.
 
 Precision: fp32 parameters whatever ``config.param_dtype``; for ``config.dtype == "bfloat16"`` every forward
-(teacher-forced, training and search) runs under ``torch.autocast("cpu", torch.bfloat16)``; logits are returned
-float32. Training: ``torch.optim.Adam`` (fused kernel) with a ``LambdaLR`` schedule giving
+(teacher-forced, training and search) runs under ``torch.autocast("cpu", torch.bfloat16)`` where the CPU has bf16
+dot-product instructions (``native_bf16``: avx512_bf16 or AMX), in fp32 where it has not (autocast's bf16 products
+are emulated there, many times slower: the peer keeps its best setting); logits are returned float32.
+Training: ``torch.optim.Adam`` (fused kernel) with a ``LambdaLR`` schedule giving
 ``spec.training.learning_rate(t, d_model, warmup_steps, scale=lr_scale)`` at step t = 1, 2, ...,
 ``nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=...)`` on the fp32 logits. Dropout masks come from the
 train state's ``torch.Generator`` (the stock layers draw from torch's global CPU generator, so each step runs

@@ -26,6 +26,12 @@ FRAMEWORK = "torch.nn.Transformer"      # the safetensors metadata "framework" o
 INITS = ("default", "xavier")          # Transformer(..., init=): torch's own, or the PyTorch tutorial's
 
 
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (avx512_bf16 or AMX, ``torch.cpu.get_capabilities``)."""
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
 def positional_encoding(length: int, d_model: int) -> Tensor:
     """The sinusoidal table (section 3.5), (length, D) float32, sin and cos interleaved, positions from 0;
     computed in float64 and rounded once."""
@@ -97,11 +103,12 @@ class Transformer(nn.Module):
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
-        """bf16 autocast on the CPU when ``config.dtype`` is bfloat16. Under it the stock layers' inference fast
-        paths are turned off for the block (``torch.backends.mha.set_fastpath_enabled``, restored after): they
-        test ``torch.is_autocast_enabled()``, which asks about CUDA only, take the fast path under CPU autocast
-        and fail ("expected scalar type Float but found BFloat16") in evaluation without gradients (torch 2.13)."""
-        if self.config.dtype != "bfloat16":
+        """bf16 autocast on the CPU when ``config.dtype`` is bfloat16 and the CPU multiplies bf16 natively
+        (``native_bf16``), else fp32 (emulated, autocast is many times slower). Under it the stock layers' fast
+        paths for inference are off (``torch.backends.mha.set_fastpath_enabled``, restored after): they test
+        ``torch.is_autocast_enabled()``, which asks about CUDA only, take the fast path under CPU autocast and fail
+        ("expected scalar type Float but found BFloat16") in evaluation without gradients (torch 2.13)."""
+        if self.config.dtype != "bfloat16" or not native_bf16():
             yield
             return
         fastpath = torch.backends.mha.get_fastpath_enabled()

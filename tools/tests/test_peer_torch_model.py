@@ -10,7 +10,19 @@ import torch
 import spec
 from spec import api
 from tools import peer_torch as P
+from tools.peer_torch import model as peer_model
 from tools.tests.peer_torch_cases import CONFIG, batch, reference_logits
+
+
+def test_bf16_runs_under_autocast_only_where_the_cpu_has_bf16_dot_products(monkeypatch):
+    # Emulated (AVX2 alone), autocast's bf16 products cost many times fp32's: the peer keeps its faster setting.
+    src, tgt_in, _ = batch(CONFIG, np.random.default_rng(1))
+    want = P.Transformer(CONFIG, seed=3).eval()(src, tgt_in).detach()
+    bf16 = P.Transformer(CONFIG.replace(dtype="bfloat16", param_dtype="bfloat16"), seed=3).eval()
+    monkeypatch.setattr(peer_model, "native_bf16", lambda: False)
+    assert torch.equal(bf16(src, tgt_in).detach(), want)
+    monkeypatch.setattr(peer_model, "native_bf16", lambda: True)
+    assert not torch.equal(bf16(src, tgt_in).detach(), want)
 
 
 def test_forward_equals_a_float64_reading_of_the_weights():

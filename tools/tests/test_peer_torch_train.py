@@ -9,11 +9,12 @@ import torch
 
 from spec import training
 from tools import peer_torch as P
+from tools.peer_torch import model as peer_model
 from tools.peer_torch.train import param_names
 from tools.tests.peer_torch_cases import CONFIG, batch, reference_logits, train_copy
 
 
-def test_loss_at_step_one_equals_an_independent_computation():
+def test_loss_at_step_one_equals_an_independent_computation(monkeypatch):
     c = CONFIG.replace(dropout=0.0)
     src, tgt_in, tgt_out = batch(c, np.random.default_rng(2))
     model = P.Transformer(c, seed=0)
@@ -23,7 +24,9 @@ def test_loss_at_step_one_equals_an_independent_computation():
     assert loss.dtype == torch.float32 and loss.ndim == 0 and state.step == 1
     assert float(loss) == pytest.approx(want, rel=1e-5)
 
-    # bf16 autocast: fp32 master weights, the loss of the forward under autocast, close to the float64 one
+    # bf16 autocast (as on a CPU with bf16 dot products): fp32 master weights, the loss of the forward under
+    # autocast, close to the float64 one
+    monkeypatch.setattr(peer_model, "native_bf16", lambda: True)
     b = c.replace(dtype="bfloat16", param_dtype="bfloat16")
     model = P.Transformer(b, seed=0)
     before = P.params_of(model)

@@ -120,7 +120,7 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor
         logits = decoder_logits(model, tokens[:, None], cache)[:, 0]   # (B*k, V) fp32
         logp = torch.log_softmax(logits, dim=-1).index_fill_(-1, special, -torch.inf)  # over all of V, then -inf
         cand = (s.live_logprobs[..., None] + logp.view(B, k, V)).view(B, k * V)
-        top = _top(cand, 2 * k)                                                     # (B, 2k) flat indices
+        top = stable_topk(cand, 2 * k)                                                     # (B, 2k) flat indices
         beam, tok, score = top // V, top % V, cand.gather(1, top)
         seq = torch.cat([s.live_seqs.take_along_dim(beam[..., None], 1), tok[..., None]], dim=-1)  # (B, 2k, t)
         is_eos = tok == c.eos_id
@@ -157,7 +157,7 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor
     return out
 
 
-def _top(cand: Tensor, n: int) -> Tensor:
+def stable_topk(cand: Tensor, n: int) -> Tensor:
     """Flat indices (B, n) of each row's n largest entries of cand (B, N), in descending order, equal values in
     index order: the first n of a stable descending sort, without sorting all N (``torch.topk`` leaves the order
     of equal values open). One ``topk`` of n + 1 settles a row whose n-th and (n+1)-th values differ, the n largest

@@ -46,10 +46,11 @@ NumPy integer and float scalars count as Python ones. Search never generates pad
 from impl_torch import inputs, layers, lm, model, numerics, sampling, search, train, weights
 from impl_torch.layers import to_array, to_tensor
 from impl_torch.lm import LanguageModel
-from impl_torch.model import KVCache, Transformer
+from impl_torch.model import Transformer
 from impl_torch.numerics import numerics_scope
 from impl_torch.sampling import generate
 from impl_torch.search import beam_search, greedy_search
+from impl_torch.stacks import KVCache
 from impl_torch.train import (
     TrainState,
     init_train_state,

@@ -4,7 +4,8 @@ Shape letters of ``spec.config``. Queries are laid out (B, L, H, K); keys and va
 the KV cache's layout (``spec.api``): a cache write per step is a slice along L, and attention's per-head
 products read it in place. Every parameter product goes through ``numerics.linear`` (rule 2); ``native_bf16``
 picks its CPU GEMM (``impl_torch.numerics``). Dropout draws from the ``torch.Generator`` passed as ``rng``
-(None: evaluation, the identity), never from torch's global RNG.
+(None: evaluation, the identity), never from torch's global RNG. The encoder and decoder layers built of these are
+``impl_torch.stacks``'.
 """
 
 from __future__ import annotations
@@ -239,73 +240,3 @@ class LayerNorm(nn.Module):
         x32 = x.float()
         centred = x32 - x32.mean(dim=-1, keepdim=True)                                              # (..., D)
         return F.layer_norm(centred, x.shape[-1:], scale, bias, self.eps).to(x.dtype)
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each with a residual connection and LayerNorm (sections 3.1, 5.4): (B, S, D) ->
-    (B, S, D). Post-LN (the paper): ``norm(x + dropout(sublayer(x)))``; pre-LN (``config.norm_first``):
-    ``x + dropout(sublayer(norm(x)))``. Records each sublayer's output after dropout as ``<name>`` (``dropout``)
-    and the residual line's as ``<name>.residual``, relative to the layer (the stack scopes)."""
-
-    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str,
-                 device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__()
-        attention = lambda a: MultiHeadAttention(config, params, f"{name}.{a}", device, native_bf16=native_bf16)  # noqa: E731
-        norm = lambda a: LayerNorm(config, params, f"{name}.{a}", device)  # noqa: E731
-        self.self_attn, self.self_attn_norm = attention("self_attn"), norm("self_attn_norm")
-        self.ffn = FeedForward(config, params, f"{name}.ffn", device, native_bf16=native_bf16)
-        self.ffn_norm = norm("ffn_norm")
-        self.norm_first, self.rate = config.norm_first, config.dropout
-
-    def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
-        """x (B, S, D), mask (B, 1, 1, S) key padding mask."""
-        h = self.self_attn_norm(x) if self.norm_first else x
-        h = self.self_attn(h, self.self_attn.project_kv(h), mask)
-        x = x + dropout(h, "self_attn", self.rate, rng)
-        x = record("self_attn.residual", x if self.norm_first else self.self_attn_norm(x))
-        h = self.ffn(self.ffn_norm(x) if self.norm_first else x)
-        x = x + dropout(h, "ffn", self.rate, rng)
-        return record("ffn.residual", x if self.norm_first else self.ffn_norm(x))
-
-
-class DecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention over the encoder output, FFN (section 3.1), each with its residual
-    line as ``EncoderLayer``'s: (B, n, D) -> (B, n, D). A decoder-only model's layer (``config.decoder_only``) has
-    no cross-attention (``cross_attn`` and ``cross_attn_norm`` None)."""
-
-    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str,
-                 device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__()
-        attention = lambda a: MultiHeadAttention(config, params, f"{name}.{a}", device, native_bf16=native_bf16)  # noqa: E731
-        norm = lambda a: LayerNorm(config, params, f"{name}.{a}", device)  # noqa: E731
-        self.self_attn, self.self_attn_norm = attention("self_attn"), norm("self_attn_norm")
-        self.cross_attn, self.cross_attn_norm = (None, None) if config.decoder_only else \
-            (attention("cross_attn"), norm("cross_attn_norm"))
-        self.ffn = FeedForward(config, params, f"{name}.ffn", device, native_bf16=native_bf16)
-        self.ffn_norm = norm("ffn_norm")
-        self.norm_first, self.rate = config.norm_first, config.dropout
-
-    def forward(self, y: Tensor, self_kv: tuple[Tensor, Tensor], self_mask: Tensor,
-                memory_kv: tuple[Tensor, Tensor] | None, memory_mask: Tensor | None, start: int,
-                rng: torch.Generator | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """n new positions y (B, n, D) at start.. -> (y (B, n, D), self_kv).
-
-        self_kv: this layer's self-attention buffer k (B, H, P, K), v (B, H, P, C); the new positions' keys and
-        values are written into it in place at ``start`` and the t = start + n written ones attended over, with
-        self_mask (B, 1, n, t). memory_kv: the cross-attention keys/values of the encoder output (B, H, S, K|C),
-        memory_mask (B, 1, 1, S); both None in a decoder-only model.
-        """
-        h = self.self_attn_norm(y) if self.norm_first else y
-        k, v = self.self_attn.project_kv(h)                                     # (B, H, n, K), (B, H, n, C)
-        end = start + k.shape[2]
-        self_kv[0][:, :, start:end], self_kv[1][:, :, start:end] = k, v
-        h = self.self_attn(h, (self_kv[0][:, :, :end], self_kv[1][:, :, :end]), self_mask)
-        y = y + dropout(h, "self_attn", self.rate, rng)
-        y = record("self_attn.residual", y if self.norm_first else self.self_attn_norm(y))
-        if self.cross_attn is not None:
-            h = self.cross_attn(self.cross_attn_norm(y) if self.norm_first else y, memory_kv, memory_mask)
-            y = y + dropout(h, "cross_attn", self.rate, rng)
-            y = record("cross_attn.residual", y if self.norm_first else self.cross_attn_norm(y))
-        h = self.ffn(self.ffn_norm(y) if self.norm_first else y)
-        y = y + dropout(h, "ffn", self.rate, rng)
-        return record("ffn.residual", y if self.norm_first else self.ffn_norm(y)), self_kv

@@ -1,4 +1,4 @@
-"""The decoder-only Transformer: the decoder stack of ``impl_torch.model`` without cross-attention, over one token
+"""The decoder-only Transformer: the decoder stack of ``impl_torch.stacks`` without cross-attention, over one token
 sequence (``config.decoder_only``), with the same KV cache and the same decode path as the encoder-decoder."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from torch import Tensor
 import spec
 from impl_torch.inputs import Ids, device_ids, host_ids
 from impl_torch.layers import DTYPES
-from impl_torch.model import Decoder, KVCache, TransformerBase, _decode, _empty_cache, decode
+from impl_torch.model import TransformerBase, decode
+from impl_torch.stacks import Decoder, KVCache, decoder_logits, empty_cache
 from spec import validate
 from spec.annotations import Float
 from spec.config import Config
@@ -48,7 +49,7 @@ class LanguageModel(TransformerBase):
         validate.check_tokens("tokens", host_ids(tokens, "tokens"), self.config)
         tokens = device_ids(tokens, self.embedding.device)
         with recording() if intermediates else contextlib.nullcontext() as rec:
-            logits = _decode(self, tokens, _init_cache(self, tokens.shape[0], tokens.shape[1]), rng)
+            logits = decoder_logits(self, tokens, _init_cache(self, tokens.shape[0], tokens.shape[1]), rng)
         return (logits, rec) if intermediates else logits
 
     def init_cache(self, batch: int, capacity: int) -> KVCache:
@@ -67,4 +68,4 @@ class LanguageModel(TransformerBase):
 
 def _init_cache(model: LanguageModel, batch: int, capacity: int) -> KVCache:
     """The empty cache of ``LanguageModel.init_cache`` (validated sizes), buffers in ``config.dtype``."""
-    return _empty_cache(model, batch, capacity, DTYPES[model.config.dtype], model.embedding.device)
+    return empty_cache(model, batch, capacity, DTYPES[model.config.dtype], model.embedding.device)

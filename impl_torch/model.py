@@ -1,9 +1,11 @@
-"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3) with a KV cache for decoding, and what it shares
-with the decoder-only ``impl_torch.lm.LanguageModel``: the module base, the decoder stack and the decode path.
+"""The encoder-decoder Transformer (Vaswani et al., 2017, section 3) and what it shares with the decoder-only
+``impl_torch.lm.LanguageModel``: the module base (``TransformerBase``: the tied embedding, its state_dict names and
+casts) and the checked ``decode`` over a KV cache. The stacks, the cache and the unchecked computations on them
+are ``impl_torch.stacks``'.
 
 Every public entry point checks its token ids with ``spec.validate`` on a NumPy host copy before converting or
-computing anything, so bad input raises the spec's ``ValueError`` with the spec's message. The searches and
-``generate`` call the unchecked internals at the end of the file (``_encode``, ``_decode``, ...) once validated.
+computing anything, so bad input raises the spec's ``ValueError`` with the spec's message; then it calls those
+unchecked computations.
 """
 
 from __future__ import annotations
@@ -18,95 +20,14 @@ from torch import Tensor, nn
 
 import spec
 from impl_torch.inputs import Ids, device_ids, host_ids
-from impl_torch.layers import DTYPES, DecoderLayer, Embedder, EncoderLayer, LayerNorm, dropout
+from impl_torch.layers import DTYPES, Embedder
+from impl_torch.stacks import Decoder, Encoder, KVCache, decoder_logits, encoder_memory, source_cache
 from spec import validate
-from spec.annotations import Bool, Float
+from spec.annotations import Float
 from spec.config import Config
-from spec.recording import record, recording, scope
+from spec.recording import recording
 
 _TIED = {"embedding": "embedder.table", "position_embedding": "embedder.positions", "logits_bias": "embedder.bias"}
-
-
-@dataclasses.dataclass
-class KVCache:
-    """Decoder state for incremental decoding (section 3.1), fields in the order of ``spec.api.KV_CACHE_FIELDS``.
-
-    self_kv[l]: layer l's self-attention (k (B, H, P, K), v (B, H, P, C)), preallocated for P target positions
-    (the capacity); key_mask (B, P) bool, True at a written non-pad position; memory_kv[l]: layer l's
-    cross-attention (k (B, H, S, K), v (B, H, S, C)) of the encoder output, computed once; memory_mask (B, S)
-    bool, True at a non-pad source position; ``length``: the positions written. A decoder-only model's cache has
-    ``memory_kv`` [] and ``memory_mask`` None. ``decode`` writes the buffers in place and returns a new cache over
-    them; the one it was given is consumed."""
-
-    self_kv: list[tuple[Float[Tensor, "B H P K"], Float[Tensor, "B H P C"]]]
-    key_mask: Bool[Tensor, "B P"]
-    memory_kv: list[tuple[Float[Tensor, "B H S K"], Float[Tensor, "B H S C"]]]
-    memory_mask: Bool[Tensor, "B S"] | None
-    length: int = 0
-
-
-def key_padding_mask(ids: Tensor, pad_id: int) -> Tensor:
-    """(B, L) ids -> (B, L) bool, True where the key is not padding."""
-    return ids != pad_id
-
-
-def causal_mask(start: int, n: int, capacity: int, device: torch.device) -> Tensor:
-    """(n, capacity) bool: the query at position start + i may attend keys 0..start + i (section 3.2.3)."""
-    q_pos = torch.arange(start, start + n, device=device)[:, None]
-    return torch.arange(capacity, device=device)[None, :] <= q_pos
-
-
-class Stack(nn.Module):
-    """``n`` layers of one kind, then (pre-LN only) a final LayerNorm (section 3.1): what the encoder and decoder
-    stacks share."""
-
-    def __init__(self, config: Config, params: dict[str, np.ndarray], layer: type[nn.Module], name: str, n: int,
-                 device: torch.device | str | None = None, *, native_bf16: bool = False):
-        super().__init__()
-        self.layers = nn.ModuleList(layer(config, params, f"{name}.layers.{i}", device, native_bf16=native_bf16)
-                                    for i in range(n))
-        self.final_norm = LayerNorm(config, params, f"{name}.final_norm", device) if config.norm_first else None
-
-
-class Encoder(Stack):
-    """N encoder layers, then (pre-LN only) a final LayerNorm: (B, S, D) -> (B, S, D)."""
-
-    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None, *,
-                 native_bf16: bool = False):
-        super().__init__(config, params, EncoderLayer, "encoder", config.n_encoder_layers, device,
-                         native_bf16=native_bf16)
-
-    def forward(self, x: Tensor, mask: Tensor, rng: torch.Generator | None = None) -> Tensor:
-        """x (B, S, D), mask (B, 1, 1, S) key padding mask."""
-        for i, layer in enumerate(self.layers):
-            with scope(f"encoder.layers.{i}"):
-                x = record("out", layer(x, mask, rng))
-        return x if self.final_norm is None else self.final_norm(x)
-
-
-class Decoder(Stack):
-    """N decoder layers, then (pre-LN only) a final LayerNorm: (B, n, D) -> (B, n, D)."""
-
-    def __init__(self, config: Config, params: dict[str, np.ndarray], device: torch.device | str | None = None, *,
-                 native_bf16: bool = False):
-        super().__init__(config, params, DecoderLayer, "decoder", config.n_decoder_layers, device,
-                         native_bf16=native_bf16)
-
-    def forward(self, y: Tensor, cache: KVCache, rng: torch.Generator | None = None) -> tuple[Tensor, KVCache]:
-        """n new positions y (B, n, D) at ``cache.length``.. -> (h (B, n, D), cache), the new positions' keys and
-        values written into ``cache`` and ``cache.length`` advanced. ``cache.key_mask`` must already hold the new
-        positions' (``_decode``)."""
-        start, n = cache.length, y.shape[1]
-        t = start + n                                                                        # keys so far
-        self_mask = causal_mask(start, n, t, y.device) & cache.key_mask[:, None, None, :t]  # (B, 1, n, t)
-        memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
-        for i, layer in enumerate(self.layers):
-            with scope(f"decoder.layers.{i}"):
-                memory_kv = cache.memory_kv[i] if cache.memory_kv else None                      # decoder-only: none
-                y, cache.self_kv[i] = layer(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start, rng)
-                record("out", y)
-        cache.length = start + n
-        return y if self.final_norm is None else self.final_norm(y), cache
 
 
 class TransformerBase(nn.Module):
@@ -185,8 +106,8 @@ class Transformer(TransformerBase):
         src, tgt_in = device_ids(src, self.embedding.device), device_ids(tgt_in, self.embedding.device)
         # ``record`` is a no-op outside ``recording()``, so one code path serves both.
         with recording() if intermediates else contextlib.nullcontext() as rec:
-            cache = _init_cache(self, _encode(self, src, rng), src, tgt_in.shape[1])
-            logits = _decode(self, tgt_in, cache, rng)
+            cache = source_cache(self, encoder_memory(self, src, rng), src, tgt_in.shape[1])
+            logits = decoder_logits(self, tgt_in, cache, rng)
         return (logits, rec) if intermediates else logits
 
     def encode(self, src: Ids) -> Float[Tensor, "B S D"]:
@@ -196,7 +117,7 @@ class Transformer(TransformerBase):
             ValueError: from ``spec.validate.check_source``.
         """
         validate.check_source(host_ids(src), self.config)
-        return _encode(self, device_ids(src, self.embedding.device))
+        return encoder_memory(self, device_ids(src, self.embedding.device))
 
     def init_cache(self, memory: Float[Tensor, "B S D"], src: Ids, capacity: int) -> KVCache:
         """An empty KV cache for up to ``capacity`` target positions against ``memory`` (B, S, D) of ``src``.
@@ -206,7 +127,7 @@ class Transformer(TransformerBase):
         """
         validate.check_source(host_ids(src), self.config)
         validate.check_capacity(capacity, self.config)
-        return _init_cache(self, memory, device_ids(src, self.embedding.device), int(capacity))
+        return source_cache(self, memory, device_ids(src, self.embedding.device), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[Float[Tensor, "B n V"], KVCache]:
         """As the module function ``decode``."""
@@ -227,51 +148,11 @@ def decode(model: TransformerBase, tokens: Ids, cache: KVCache) -> tuple[Float[T
                          "cache that decode returned")
     B, P = cache.key_mask.shape
     validate.check_decode(host_ids(tokens, "tokens"), model.config, B, cache.length, P)
-    logits = _decode(model, device_ids(tokens, model.embedding.device), cache)
+    logits = decoder_logits(model, device_ids(tokens, model.embedding.device), cache)
     after = dataclasses.replace(cache)           # the same buffers, a new owner
     vars(cache)["consumed"] = True               # not a field: the cache's fields stay spec.api's
     return logits, after
 
-
-# ----------------------------------------------------------------- unchecked internals (validated ids)
-
-def _encode(model: Transformer, src: Tensor, rng: torch.Generator | None = None) -> Tensor:
-    """src (B, S) int64 -> memory (B, S, D)."""
-    mask = key_padding_mask(src, model.config.pad_id)[:, None, None, :]               # (B, 1, 1, S)
-    x = dropout(model.embedder.encode(src), "src_embed", model.config.dropout, rng)
-    return record("encoder.out", model.encoder(x, mask, rng))
-
-
-def _init_cache(model: Transformer, memory: Tensor, src: Tensor, capacity: int) -> KVCache:
-    """The empty cache of ``Transformer.init_cache``; every layer's cross-attention keys/values computed once."""
-    cache = _empty_cache(model, memory.shape[0], capacity, memory.dtype, memory.device)
-    cache.memory_kv = [tuple(t.contiguous() for t in layer.cross_attn.project_kv(memory))
-                       for layer in model.decoder.layers]
-    cache.memory_mask = key_padding_mask(src, model.config.pad_id)
-    return cache
-
-
-def _empty_cache(model: TransformerBase, batch: int, capacity: int, dtype: torch.dtype, device: torch.device
-                 ) -> KVCache:
-    """A cache of ``capacity`` positions for ``batch`` sequences, nothing written, without cross-attention state
-    (a decoder-only model's): self-attention buffers of ``dtype`` on ``device``."""
-    c = model.config
-    empty = lambda d: torch.empty(batch, c.n_heads, capacity, d, dtype=dtype, device=device)  # noqa: E731
-    return KVCache(self_kv=[(empty(c.d_k), empty(c.d_v)) for _ in model.decoder.layers], memory_kv=[], memory_mask=None,
-                   key_mask=torch.zeros(batch, capacity, dtype=torch.bool, device=device))
-
-
-def _decode(model: TransformerBase, tokens: Tensor, cache: KVCache, rng: torch.Generator | None = None, *,
-            at: int | None = None) -> Tensor:
-    """tokens (B, n) int64 at ``cache.length``.. -> logits (B, n, V) float32, or (B, 1, V) of new position ``at``
-    alone (a prefill that needs its last: the output projection of the others is most of its cost at a large V);
-    ``cache`` written in place."""
-    start, n = cache.length, tokens.shape[1]
-    cache.key_mask[:, start:start + n] = key_padding_mask(tokens, model.config.pad_id)
-    y = dropout(model.embedder.encode(tokens, start), "tgt_embed", model.config.dropout, rng)
-    y, cache = model.decoder(y, cache, rng)
-    y = y if at is None else y[:, at:at + 1]
-    return record("logits", model.embedder.decode(record("decoder.out", y)))
 
 
 def _tied_once(model: TransformerBase, state: dict[str, Tensor], prefix: str, _: object) -> None:

@@ -4,8 +4,8 @@
 top-k, softmax, top-p and the inverse CDF over one stable descending sort per row; its two comparisons with the
 caller's numbers (the cumulative probability against top_p and against u) are exact, in float64, as the
 reference's. The uniforms are ``spec.sampling.uniforms``', drawn on the host with NumPy and moved to the device
-once (float64), never torch's RNG. ``generate`` validates up front, then calls the unchecked internals
-(``impl_torch.lm._init_cache``, ``impl_torch.model._decode``) under ``torch.inference_mode``, without dropout,
+once (float64), never torch's RNG. ``generate`` validates up front, then calls the unchecked computations of
+``impl_torch.stacks`` (``empty_cache``, ``decoder_logits``) under ``torch.inference_mode``, without dropout,
 whatever mode the model is in.
 """
 
@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from impl_torch.inputs import Ids, device_ids, host_ids
-from impl_torch.lm import LanguageModel, _init_cache
-from impl_torch.model import _decode
+from impl_torch.layers import DTYPES
+from impl_torch.lm import LanguageModel
+from impl_torch.stacks import decoder_logits, empty_cache
 from spec import sampling, validate
 from spec.annotations import Float, Int
 
@@ -87,8 +88,8 @@ def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tens
     length, rows = torch.as_tensor(lengths, device=dev), torch.arange(B, device=dev)
     out = torch.full((B, N), c.pad_id, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    cache = _init_cache(model, B, last + N)
-    logits = _decode(model, prompt[:, :first], cache, at=first - 1)                      # prefill
+    cache = empty_cache(model, B, last + N, DTYPES[c.dtype], dev)
+    logits = decoder_logits(model, prompt[:, :first], cache, at=first - 1)               # prefill
     for pos in range(first, last + N):
         step = pos - length                                  # each row's next new token; < 0: still in its prompt
         live, at = (step >= 0) & ~done, step.clamp(0, N - 1)
@@ -98,5 +99,5 @@ def _generate(model: LanguageModel, prompt: Tensor, lengths: np.ndarray, u: Tens
         if bool(done.all()):
             break
         fed = torch.where(step < 0, prompt[:, min(pos, prompt.shape[1] - 1)], out[rows, at])  # teacher-forced
-        logits = _decode(model, fed.masked_fill(done, c.pad_id)[:, None], cache)
+        logits = decoder_logits(model, fed.masked_fill(done, c.pad_id)[:, None], cache)
     return out[:, :int((out != c.pad_id).sum(dim=1).max())]

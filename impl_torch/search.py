@@ -6,8 +6,8 @@ that exclude BOS and include EOS, right-padded with ``pad_id`` to the longest ro
 lower token id (in beam search, the lower flat index ``beam * V + token``). Pad and BOS are never generated
 (``spec.search.forbid_special``). Cross-attention keys/values are computed once per source; each step feeds one
 token per sequence through the cache. Inputs are validated once, up front; the steps then call the unchecked
-internals of ``impl_torch.model`` (``_encode``, ``_init_cache``, ``_decode``). Both compute without dropout (no
-``rng``) under ``torch.inference_mode``, whatever mode the model is in.
+computations of ``impl_torch.stacks`` (``encoder_memory``, ``source_cache``, ``decoder_logits``). Both compute
+without dropout (no ``rng``) under ``torch.inference_mode``, whatever mode the model is in.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from impl_torch.inputs import Ids, device_ids, host_ids
-from impl_torch.model import Transformer, _decode, _encode, _init_cache
+from impl_torch.model import Transformer
+from impl_torch.stacks import decoder_logits, encoder_memory, source_cache
 from spec import validate
 from spec.annotations import Int
 from spec.search import length_penalty
@@ -45,13 +46,13 @@ def _greedy(model: Transformer, src: Tensor, limits: np.ndarray, out: Tensor) ->
     """The loop of ``greedy_search``: validated src (B, S) int64, limits (B,), out (B, L) int64 ``pad_id``-filled,
     whose L (the longest limit) fixes the cache capacity -> tokens (B, <= L) int64, written into ``out``."""
     c, dev, L = model.config, model.embedding.device, out.shape[1]
-    cache = _init_cache(model, _encode(model, src), src, L)
+    cache = source_cache(model, encoder_memory(model, src), src, L)
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                   # never generated
     limit = torch.as_tensor(limits, device=dev)                                # (B,)
     done = torch.zeros(len(limits), dtype=torch.bool, device=dev)
     tokens = torch.full((len(limits),), c.bos_id, dtype=torch.long, device=dev)
     for t in range(L):
-        logits = _decode(model, tokens[:, None], cache)[:, 0].index_fill_(-1, special, -torch.inf)
+        logits = decoder_logits(model, tokens[:, None], cache)[:, 0].index_fill_(-1, special, -torch.inf)
         tokens = logits.argmax(dim=-1).masked_fill(done, c.pad_id)              # argmax: first of equal maxima
         out[:, t] = tokens
         done |= (tokens == c.eos_id) | (t + 1 >= limit)
@@ -102,8 +103,8 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor
     int64."""
     c, V, dev = model.config, model.config.vocab_size, model.embedding.device
     B, L = len(limits), penalties.shape[0] - 1
-    memory = _encode(model, src).repeat_interleave(k, dim=0)                        # (B*k, S, D): encoded once
-    cache = _init_cache(model, memory, src.repeat_interleave(k, dim=0), L)
+    memory = encoder_memory(model, src).repeat_interleave(k, dim=0)                 # (B*k, S, D): encoded once
+    cache = source_cache(model, memory, src.repeat_interleave(k, dim=0), L)
     f32 = {"dtype": torch.float32, "device": dev}
     special = torch.tensor([c.pad_id, c.bos_id], device=dev)                       # never generated
     limit_penalty = penalties[torch.as_tensor(limits, device=dev)]                 # (B,) of each source's limit
@@ -116,10 +117,10 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor
     rows = torch.arange(B, device=dev)[:, None] * k                                 # (B, 1) first row of each source
     results: list[Tensor | None] = [None] * B
     for t in range(1, L + 1):
-        logits = _decode(model, tokens[:, None], cache)[:, 0]          # (B*k, V) fp32
+        logits = decoder_logits(model, tokens[:, None], cache)[:, 0]   # (B*k, V) fp32
         logp = torch.log_softmax(logits, dim=-1).index_fill_(-1, special, -torch.inf)  # over all of V, then -inf
         cand = (s.live_logprobs[..., None] + logp.view(B, k, V)).view(B, k * V)
-        top = _top(cand, 2 * k)                                                     # (B, 2k) flat indices
+        top = stable_topk(cand, 2 * k)                                                     # (B, 2k) flat indices
         beam, tok, score = top // V, top % V, cand.gather(1, top)
         seq = torch.cat([s.live_seqs.take_along_dim(beam[..., None], 1), tok[..., None]], dim=-1)  # (B, 2k, t)
         is_eos = tok == c.eos_id
@@ -156,7 +157,7 @@ def _beam(model: Transformer, src: Tensor, limits: np.ndarray, penalties: Tensor
     return out
 
 
-def _top(cand: Tensor, n: int) -> Tensor:
+def stable_topk(cand: Tensor, n: int) -> Tensor:
     """Flat indices (B, n) of each row's n largest entries of cand (B, N), in descending order, equal values in
     index order: the first n of a stable descending sort, without sorting all N (``torch.topk`` leaves the order
     of equal values open). One ``topk`` of n + 1 settles a row whose n-th and (n+1)-th values differ, the n largest

@@ -113,11 +113,11 @@ def export(model: Any, folder: str | os.PathLike) -> tuple[Path, Path]:
 def _encoder(model: Any, src: Any) -> tuple[Any, ...]:
     """src (B, S) int64 -> (memory (B, S, D), memory_mask (B, S), memory_k.0, memory_v.0, ...), as
     ``Transformer.encode`` and ``init_cache`` compute them."""
-    from impl_torch import model as M
+    from impl_torch import stacks
 
     memory = model.encode(src)
     kv = [t for layer in model.decoder.layers for t in layer.cross_attn.project_kv(memory)]
-    return (memory, M.key_padding_mask(src, model.config.pad_id), *kv)
+    return (memory, stacks.key_padding_mask(src, model.config.pad_id), *kv)
 
 
 def _decoder(model: Any, tokens: Any, memory_mask: Any, key_mask: Any, *kv: Any) -> tuple[Any, ...]:
@@ -125,16 +125,16 @@ def _decoder(model: Any, tokens: Any, memory_mask: Any, key_mask: Any, *kv: Any)
     length, next_key_mask, next_self_k.0, next_self_v.0, ...)."""
     import torch
 
-    from impl_torch import model as M
+    from impl_torch import stacks
 
     L, n = model.config.n_decoder_layers, tokens.shape[1]
     # impl_torch's decode writes the new positions into a preallocated buffer; the buffer here is the cache given
     # with n empty positions appended, so the traced code is the model's own, writes included.
     grow = lambda t: torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], n, t.shape[3])], 2)  # noqa: E731
     pairs = lambda ts: [(ts[2 * i], ts[2 * i + 1]) for i in range(L)]  # noqa: E731
-    cache = M.KVCache(self_kv=pairs([grow(t) for t in kv[:2 * L]]),
-                      key_mask=torch.cat([key_mask, torch.zeros_like(tokens, dtype=torch.bool)], 1),
-                      memory_kv=pairs(kv[2 * L:]), memory_mask=memory_mask, length=key_mask.shape[1])
+    cache = stacks.KVCache(self_kv=pairs([grow(t) for t in kv[:2 * L]]),
+                           key_mask=torch.cat([key_mask, torch.zeros_like(tokens, dtype=torch.bool)], 1),
+                           memory_kv=pairs(kv[2 * L:]), memory_mask=memory_mask, length=key_mask.shape[1])
     logits, cache = model.decode(tokens, cache)
     length = torch.ones_like(cache.key_mask[0], dtype=torch.int64).sum()  # t + n as a tensor the trace follows
     return (logits, length, cache.key_mask, *(t for pair in cache.self_kv for t in pair))

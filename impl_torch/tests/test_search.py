@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import impl_torch
-from impl_torch.search import _top
+from impl_torch.search import stable_topk
 from spec import reference as ref
 from spec import search
 from spec.config import TINY
@@ -163,4 +163,4 @@ def test_top_candidates_are_a_stable_sorts_first(seed):
         cand[0, 30:] = cand[1, 5:] = -np.inf                                  # -inf ties: fewer finite than n
     for n in (1, 8, 39, 40):
         expected = np.argsort(-cand, axis=-1, kind="stable")[:, :n]
-        np.testing.assert_array_equal(_top(torch.from_numpy(cand), n).numpy(), expected)
+        np.testing.assert_array_equal(stable_topk(torch.from_numpy(cand), n).numpy(), expected)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from jax import lax
 from impl_jax import numerics
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
-from spec.recording import record
+from spec.recording import record, scoped
 
 F32 = jnp.float32
 KV = tuple[jax.Array, jax.Array]
@@ -56,19 +57,21 @@ class Module:
         return self.forward(*args, **kwargs)
 
 
-def split(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
-    """``n`` independent PRNG keys split from ``rng``, or ``n`` Nones without one (evaluation)."""
-    return [None] * n if rng is None else list(jax.random.split(rng, n))
-
-
 def dropout(x: jax.Array, site: str, rate: float, rng: jax.Array | None) -> jax.Array:
     """Inverted dropout at a dropout site (section 5.4, ``spec.shapes.dropout_sites``): x (B, L, D) -> (B, L, D),
     each element kept with probability 1 - rate and divided by 1 - rate in fp32 (the divisor rounded to fp32), the
     quotient rounded once to x's dtype; the identity without ``rng`` (evaluation) or at rate 0. Records the result
-    as ``site`` and, with dropout, the keep mask (x's shape, bool, True = kept) as ``<site>.keep``."""
+    as ``site`` and, with dropout, the keep mask (x's shape, bool, True = kept) as ``<site>.keep``.
+
+    ``rng``: a PRNG key, the forward's one key. Each site draws from its own key, ``rng`` folded with the crc32 of
+    its scoped name (as ``impl_tf.layers.dropout`` folds it into its seed, and Flax a module's name into its key),
+    so every site of a forward draws apart from the others without keys split and threaded through the layers,
+    and the same key draws the same masks.
+    """
     if rng is None or rate == 0.0:
         return record(site, x)
-    keep = record(f"{site}.keep", jax.random.bernoulli(rng, 1.0 - rate, x.shape))
+    site_rng = jax.random.fold_in(rng, zlib.crc32(scoped(site).encode()))
+    keep = record(f"{site}.keep", jax.random.bernoulli(site_rng, 1.0 - rate, x.shape))
     # XLA rewrites a division by a broadcast scalar as a product with its reciprocal, which misses the rounded
     # quotient for about a quarter of the elements: a divisor of x's shape keeps the division.
     divisor = jnp.where(keep, jnp.asarray(1.0 - rate, F32), 1.0)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
-from impl_jax.layers import Embedder, Module, split
+from impl_jax.layers import Embedder, Module
 from impl_jax.stacks import Decoder, Encoder, KVCache, decoder_logits, encoder_memory, source_cache
 from spec import shapes, validate
 from spec.config import Config
@@ -129,12 +129,11 @@ def _forward(model: Transformer, src: jax.Array, tgt_in: jax.Array, intermediate
     log.info("impl_jax: compiling forward for batch %d, source length %d, target length %d (buckets)%s",
              *src.shape, tgt_in.shape[1], ", with intermediates" if intermediates else "")
     model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
-    encoder_rng, decoder_rng = split(rng, 2)
     # Recording runs here, at trace time, into this trace's own dict: a caller's open ``recording`` never catches
     # these tracers (which would leak, and only on the first trace).
     with recording() as rec:
-        cache = source_cache(model, encoder_memory(model, src, encoder_rng), src, tgt_in.shape[1])  # capacity T
-        logits, _ = decoder_logits(model, tgt_in, cache, decoder_rng)                                 # (B, T, V)
+        cache = source_cache(model, encoder_memory(model, src, rng), src, tgt_in.shape[1])  # capacity T
+        logits, _ = decoder_logits(model, tgt_in, cache, rng)                             # (B, T, V)
     return logits, rec if intermediates else {}
 
 

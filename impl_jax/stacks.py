@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from impl_jax.layers import KV, FeedForward, LayerNorm, Module, MultiHeadAttention, dropout, split
+from impl_jax.layers import KV, FeedForward, LayerNorm, Module, MultiHeadAttention, dropout
 from spec.config import Config
 from spec.recording import record, scope
 
@@ -62,12 +62,12 @@ class EncoderLayer(Module):
 
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D), key padding mask (B, 1, 1, S); dropout (section 5.4) from ``rng`` -> (B, S, D)."""
-        pre, rate, keys = self.config.norm_first, self.config.dropout, split(rng, 2)
+        pre, rate = self.config.norm_first, self.config.dropout
         h = self.self_attn_norm(x) if pre else x
-        x = x + dropout(self.self_attn(h, self.self_attn.project_kv(h), mask), "self_attn", rate, keys[0])
+        x = x + dropout(self.self_attn(h, self.self_attn.project_kv(h), mask), "self_attn", rate, rng)
         x = record("self_attn.residual", x if pre else self.self_attn_norm(x))
         h = self.ffn(self.ffn_norm(x) if pre else x)
-        x = x + dropout(h, "ffn", rate, keys[1])
+        x = x + dropout(h, "ffn", rate, rng)
         return record("ffn.residual", x if pre else self.ffn_norm(x))
 
 
@@ -96,18 +96,18 @@ class DecoderLayer(Module):
         projected k (B, H, S, K), v (B, H, S, C); memory_mask (B, 1, 1, S), both None in a decoder-only model;
         dropout from ``rng``. The new keys and values are written at ``start`` -> (y (B, n, D), the updated
         self_kv)."""
-        pre, rate, keys = self.config.norm_first, self.config.dropout, split(rng, 3)
+        pre, rate = self.config.norm_first, self.config.dropout
         h = self.self_attn_norm(y) if pre else y
         self_kv = tuple(lax.dynamic_update_slice_in_dim(cached, new.astype(cached.dtype), start, axis=2)
                         for cached, new in zip(self_kv, self.self_attn.project_kv(h), strict=True))  # (B, H, P, .)
-        y = y + dropout(self.self_attn(h, self_kv, self_mask), "self_attn", rate, keys[0])
+        y = y + dropout(self.self_attn(h, self_kv, self_mask), "self_attn", rate, rng)
         y = record("self_attn.residual", y if pre else self.self_attn_norm(y))
         if self.cross_attn is not None:
             h = self.cross_attn(self.cross_attn_norm(y) if pre else y, memory_kv, memory_mask)
-            y = y + dropout(h, "cross_attn", rate, keys[1])
+            y = y + dropout(h, "cross_attn", rate, rng)
             y = record("cross_attn.residual", y if pre else self.cross_attn_norm(y))
         h = self.ffn(self.ffn_norm(y) if pre else y)
-        y = y + dropout(h, "ffn", rate, keys[2])
+        y = y + dropout(h, "ffn", rate, rng)
         return record("ffn.residual", y if pre else self.ffn_norm(y)), self_kv
 
 
@@ -146,9 +146,9 @@ class Encoder(Stack):
     def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """x (B, S, D): the source embeddings (section 3.4, after their dropout); mask (B, 1, 1, S) key padding;
         the sublayers' dropout (section 5.4) from ``rng`` -> memory (B, S, D)."""
-        for i, (layer, key) in enumerate(zip(self.layers, split(rng, len(self.layers)), strict=True)):
+        for i, layer in enumerate(self.layers):
             with scope(f"encoder.layers.{i}"):
-                x = record("out", layer(x, mask, key))
+                x = record("out", layer(x, mask, rng))
         if self.final_norm is not None:
             x = self.final_norm(x)
         return record("encoder.out", x)
@@ -167,10 +167,10 @@ class Decoder(Stack):
         self_mask = causal_mask(start, n, capacity)[None, None] & cache.key_mask[:, None, None, :]  # (B, 1, n, P)
         memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None, None, :]  # (B, 1, 1, S)
         self_kv = []
-        for i, (layer, key) in enumerate(zip(self.layers, split(rng, len(self.layers)), strict=True)):
+        for i, layer in enumerate(self.layers):
             with scope(f"decoder.layers.{i}"):
                 memory_kv = cache.memory_kv[i] if cache.memory_kv else None                      # decoder-only: none
-                y, kv = layer(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start, key)
+                y, kv = layer(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start, rng)
                 record("out", y)
             self_kv.append(kv)
         if self.final_norm is not None:
@@ -182,8 +182,7 @@ def encoder_memory(model: Module, src: jax.Array, rng: jax.Array | None = None) 
     """The encoder of a ``Transformer``, traced, on its weights as they are: src (B, S) -> memory (B, S, D)
     (section 3.1); dropout from ``rng``."""
     mask = key_padding_mask(src, model.config.pad_id)[:, None, None, :]                    # (B, 1, 1, S)
-    embed_rng, rng = split(rng, 2)
-    x = dropout(model.embedder.encode(src), "src_embed", model.config.dropout, embed_rng)   # (B, S, D)
+    x = dropout(model.embedder.encode(src), "src_embed", model.config.dropout, rng)     # (B, S, D)
     return model.encoder(x, mask, rng)
 
 
@@ -213,8 +212,7 @@ def decoder_logits(model: Module, tokens: jax.Array, cache: KVCache, rng: jax.Ar
     (B, n, V) float32, or (B, 1, V) of new position ``at`` alone, the updated cache); dropout from ``rng``."""
     c, start = model.config, cache.length
     key_mask = lax.dynamic_update_slice_in_dim(cache.key_mask, key_padding_mask(tokens, c.pad_id), start, axis=1)
-    embed_rng, rng = split(rng, 2)
-    y = dropout(model.embedder.encode(tokens, start), "tgt_embed", c.dropout, embed_rng)  # (B, n, D)
+    y = dropout(model.embedder.encode(tokens, start), "tgt_embed", c.dropout, rng)  # (B, n, D)
     h, cache = model.decoder(y, cache._replace(key_mask=key_mask), rng)
     h = h if at is None else lax.dynamic_slice_in_dim(h, at, 1, axis=1)  # a prefill needs its last position only
     return record("logits", model.embedder.decode(h)), cache

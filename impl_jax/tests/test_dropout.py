@@ -3,6 +3,8 @@ the masks drawn from the train state's key alone."""
 
 from __future__ import annotations
 
+import zlib
+
 import jax
 import numpy as np
 import pytest
@@ -28,7 +30,7 @@ TC = TrainConfig(warmup_steps=20)
 def test_dropout_keeps_one_minus_rate_and_divides_exactly(dtype):
     """layers.dropout, jitted as the model runs it: kept fraction 1 - rate within 5 standard deviations, each kept
     value the fp32 quotient x / fp32(1 - rate) rounded once to x's dtype (not x times a rounded reciprocal), the
-    keep mask recorded as "<site>.keep" and the result as "<site>"; the identity without a key. Measured: 0.89994
+    keep mask recorded as "<site>.keep" and the result as "<site>"; the identity without a key. Measured: 0.90048
     kept of 100,000 (sd 0.00095)."""
     x = np.random.default_rng(0).standard_normal((200, 500)).astype(np.float32).astype(np_dtype(dtype))
 
@@ -52,7 +54,7 @@ def test_training_drops_out_every_sublayer_and_both_embeddings():
     """The training forward (with a key) records a keep mask at every dropout site (``spec.shapes.dropout_sites``)
     and nowhere else, bool, the real (B, L, D) and different at each site, about ``rate`` of it dropped; each
     site's recorded value (the one after dropout) is zero where its mask drops. Without a key: no mask, and
-    nothing zeroed. Measured fractions 0.072-0.125 per tensor of 320-384 elements, 0.099 pooled."""
+    nothing zeroed. Measured fractions 0.072-0.120 per tensor of 320-384 elements, 0.095 pooled."""
     m = T.Transformer(DROP, seed=0)
     (_, train), (_, evaluation) = (m(SRC, TGT_IN, intermediates=True, rng=key) for key in (jax.random.key(3), None))
     sites, want = shapes.dropout_sites(DROP), shapes.intermediates(DROP, 2, 6, 5, dropout=True)   # SRC, TGT_IN
@@ -66,6 +68,25 @@ def test_training_drops_out_every_sublayer_and_both_embeddings():
     assert all(abs((~k).mean() - 0.1) < 5 * np.sqrt(0.1 * 0.9 / n) for k in masks.values())
     assert not [k for k in evaluation if k.endswith(".keep")]
     assert all((np.asarray(evaluation[s]) == 0).mean() < 0.01 for s in sites)
+
+
+def test_every_site_draws_from_the_one_key_folded_with_its_name():
+    """The forward's one key reaches every site unchanged and each site folds its scoped name into it (crc32, as
+    impl_tf folds it into its seed): two sites of one shape (two encoder layers' self-attention) draw different
+    masks, the same key draws the same masks again, and each mask is the one its name's key draws at the padded
+    (bucketed) shape."""
+    m, key = T.Transformer(DROP, seed=0), jax.random.key(3)
+    (_, first), (_, again) = (m(SRC, TGT_IN, intermediates=True, rng=key) for _ in range(2))
+    a, b = (np.asarray(first[f"encoder.layers.{i}.self_attn.keep"]) for i in (0, 1))
+    assert a.shape == b.shape and not np.array_equal(a, b)
+    B = SRC.shape[0]
+    for site in shapes.dropout_sites(DROP):
+        keep = np.asarray(first[f"{site}.keep"])
+        assert np.array_equal(keep, np.asarray(again[f"{site}.keep"])), site
+        L = (SRC if site == "src_embed" or site.startswith("encoder.") else TGT_IN).shape[1]
+        padded = (shapes.batch_bucket(B), shapes.length_bucket(L, DROP.max_len), DROP.d_model)
+        drawn = jax.random.bernoulli(jax.random.fold_in(key, zlib.crc32(site.encode())), 1.0 - DROP.dropout, padded)
+        assert np.array_equal(keep, np.asarray(drawn)[:B, :L]), site
 
 
 def _same(a: T.Transformer, b: T.Transformer) -> bool:

@@ -75,7 +75,7 @@ def _jax_forward(args: argparse.Namespace, fw) -> tuple[str, object]:
 
 def _jax_train(args: argparse.Namespace, fw) -> tuple[str, object]:
     """(name, lowered training step) at ``bench.memory``'s train subject (fp32 master weights): ours the program
-    ``impl_jax.train_step`` runs after its host checks (``impl_jax.train._train_step``), the peer's own jit."""
+    ``impl_jax.train_step`` runs after its host checks (``impl_jax.train.train_step_program``), the peer's own jit."""
     import jax.numpy as jnp
 
     import impl_jax
@@ -89,7 +89,7 @@ def _jax_train(args: argparse.Namespace, fw) -> tuple[str, object]:
         peer = fw.peer_trainer(config, "cpu")
         return peer.name, peer.program.lower(*peer.state, *ids)
     model = fw.ours(config, bench_params(config), "cpu").model
-    return "impl_jax", train._train_step.lower(model, impl_jax.init_train_state(model), ids[:2], ids[2])
+    return "impl_jax", train.train_step_program.lower(model, impl_jax.init_train_state(model), ids[:2], ids[2])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,10 +37,11 @@ on bad input before anything is computed.
 
 from impl_jax import inputs, layers, lm, model, numerics, sampling, search, train, weights
 from impl_jax.lm import LanguageModel
-from impl_jax.model import KVCache, Transformer
+from impl_jax.model import Transformer
 from impl_jax.numerics import XLA_OPTIONS
 from impl_jax.sampling import generate
 from impl_jax.search import beam_search, greedy_search
+from impl_jax.stacks import KVCache
 from impl_jax.train import (
     TrainState,
     init_train_state,

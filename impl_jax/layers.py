@@ -1,4 +1,5 @@
-"""The Transformer's layers (Vaswani et al., 2017) as JAX modules: frozen dataclasses registered as pytrees.
+"""The Transformer's building blocks (Vaswani et al., 2017) as JAX modules: frozen dataclasses registered as
+pytrees; the encoder and decoder layers made of them are ``impl_jax.stacks``'.
 
 A layer's parameters are its data fields (leaves, or submodules), its configuration its static fields (aux data),
 so a layer passes through ``jax.jit``, ``jax.grad`` and ``jax.tree.map`` like any pytree. Each is built from the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +24,7 @@ from jax import lax
 from impl_jax import numerics
 from spec.config import Config
 from spec.numerics import MASKED_SCORE
-from spec.recording import record
+from spec.recording import record, scoped
 
 F32 = jnp.float32
 KV = tuple[jax.Array, jax.Array]
@@ -55,19 +57,21 @@ class Module:
         return self.forward(*args, **kwargs)
 
 
-def split(rng: jax.Array | None, n: int) -> list[jax.Array | None]:
-    """``n`` independent PRNG keys split from ``rng``, or ``n`` Nones without one (evaluation)."""
-    return [None] * n if rng is None else list(jax.random.split(rng, n))
-
-
 def dropout(x: jax.Array, site: str, rate: float, rng: jax.Array | None) -> jax.Array:
     """Inverted dropout at a dropout site (section 5.4, ``spec.shapes.dropout_sites``): x (B, L, D) -> (B, L, D),
     each element kept with probability 1 - rate and divided by 1 - rate in fp32 (the divisor rounded to fp32), the
     quotient rounded once to x's dtype; the identity without ``rng`` (evaluation) or at rate 0. Records the result
-    as ``site`` and, with dropout, the keep mask (x's shape, bool, True = kept) as ``<site>.keep``."""
+    as ``site`` and, with dropout, the keep mask (x's shape, bool, True = kept) as ``<site>.keep``.
+
+    ``rng``: a PRNG key, the forward's one key. Each site draws from its own key, ``rng`` folded with the crc32 of
+    its scoped name (as ``impl_tf.layers.dropout`` folds it into its seed, and Flax a module's name into its key),
+    so every site of a forward draws apart from the others without keys split and threaded through the layers,
+    and the same key draws the same masks.
+    """
     if rng is None or rate == 0.0:
         return record(site, x)
-    keep = record(f"{site}.keep", jax.random.bernoulli(rng, 1.0 - rate, x.shape))
+    site_rng = jax.random.fold_in(rng, zlib.crc32(scoped(site).encode()))
+    keep = record(f"{site}.keep", jax.random.bernoulli(site_rng, 1.0 - rate, x.shape))
     # XLA rewrites a division by a broadcast scalar as a product with its reciprocal, which misses the rounded
     # quotient for about a quarter of the elements: a divisor of x's shape keeps the division.
     divisor = jnp.where(keep, jnp.asarray(1.0 - rate, F32), 1.0)
@@ -219,78 +223,3 @@ class LayerNorm(Module):
         var = jnp.square(x32 - mu).mean(axis=-1, keepdims=True)
         y = (x32 - mu) / jnp.sqrt(var + self.eps) * self.scale.astype(F32) + self.bias.astype(F32)
         return y.astype(x.dtype)
-
-
-class EncoderLayer(Module):
-    """Self-attention then FFN, each in a residual connection with LayerNorm (section 3.1): post-LN as the paper,
-    or pre-LN (``config.norm_first``); each residual sum rounded to the activation dtype."""
-
-    config: Config = dataclasses.field(metadata={"static": True})
-    self_attn: MultiHeadAttention
-    self_attn_norm: LayerNorm
-    ffn: FeedForward
-    ffn_norm: LayerNorm
-
-    def __init__(self, config: Config, params: dict[str, jax.Array], name: str):
-        vars(self).update(_sublayers(config, params, name, ("self_attn",)))
-
-    def forward(self, x: jax.Array, mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
-        """x (B, S, D), key padding mask (B, 1, 1, S); dropout (section 5.4) from ``rng`` -> (B, S, D)."""
-        pre, rate, keys = self.config.norm_first, self.config.dropout, split(rng, 2)
-        h = self.self_attn_norm(x) if pre else x
-        x = x + dropout(self.self_attn(h, self.self_attn.project_kv(h), mask), "self_attn", rate, keys[0])
-        x = record("self_attn.residual", x if pre else self.self_attn_norm(x))
-        h = self.ffn(self.ffn_norm(x) if pre else x)
-        x = x + dropout(h, "ffn", rate, keys[1])
-        return record("ffn.residual", x if pre else self.ffn_norm(x))
-
-
-class DecoderLayer(Module):
-    """Masked self-attention over a KV cache, cross-attention over the encoder output, FFN (section 3.1), each in
-    a residual connection as ``EncoderLayer``'s. A decoder-only model's layer (``config.decoder_only``) has no
-    cross-attention: ``cross_attn`` and ``cross_attn_norm`` are None (empty subtrees)."""
-
-    config: Config = dataclasses.field(metadata={"static": True})
-    self_attn: MultiHeadAttention
-    self_attn_norm: LayerNorm
-    cross_attn: MultiHeadAttention | None
-    cross_attn_norm: LayerNorm | None
-    ffn: FeedForward
-    ffn_norm: LayerNorm
-
-    def __init__(self, config: Config, params: dict[str, jax.Array], name: str):
-        attentions = ("self_attn",) if config.decoder_only else ("self_attn", "cross_attn")
-        vars(self).update({"cross_attn": None, "cross_attn_norm": None} | _sublayers(config, params, name, attentions))
-
-    def forward(self, y: jax.Array, self_kv: KV, self_mask: jax.Array, memory_kv: KV | None,
-                memory_mask: jax.Array | None, start: jax.Array | int, rng: jax.Array | None = None
-                ) -> tuple[jax.Array, KV]:
-        """y (B, n, D): the new positions ``start ..`` (may be traced); self_kv: this layer's cache, k (B, H, P, K)
-        and v (B, H, P, C); self_mask (B, 1, n, P) causal and key padding; memory_kv: the encoder output's
-        projected k (B, H, S, K), v (B, H, S, C); memory_mask (B, 1, 1, S), both None in a decoder-only model;
-        dropout from ``rng``. The new keys and values are written at ``start`` -> (y (B, n, D), the updated
-        self_kv)."""
-        pre, rate, keys = self.config.norm_first, self.config.dropout, split(rng, 3)
-        h = self.self_attn_norm(y) if pre else y
-        self_kv = tuple(lax.dynamic_update_slice_in_dim(cached, new.astype(cached.dtype), start, axis=2)
-                        for cached, new in zip(self_kv, self.self_attn.project_kv(h), strict=True))  # (B, H, P, .)
-        y = y + dropout(self.self_attn(h, self_kv, self_mask), "self_attn", rate, keys[0])
-        y = record("self_attn.residual", y if pre else self.self_attn_norm(y))
-        if self.cross_attn is not None:
-            h = self.cross_attn(self.cross_attn_norm(y) if pre else y, memory_kv, memory_mask)
-            y = y + dropout(h, "cross_attn", rate, keys[1])
-            y = record("cross_attn.residual", y if pre else self.cross_attn_norm(y))
-        h = self.ffn(self.ffn_norm(y) if pre else y)
-        y = y + dropout(h, "ffn", rate, keys[2])
-        return record("ffn.residual", y if pre else self.ffn_norm(y)), self_kv
-
-
-def _sublayers(config: Config, params: dict[str, jax.Array], name: str, attentions: tuple[str, ...]) -> dict:
-    """The fields of the layer ``name`` (section 3.1): ``config``, each of its ``attentions`` and its LayerNorm, then
-    the FFN and its LayerNorm."""
-    fields = {"config": config}
-    for a in attentions:
-        fields[a] = MultiHeadAttention(config, params, f"{name}.{a}")
-        fields[f"{a}_norm"] = LayerNorm(config, params, f"{name}.{a}_norm")
-    return fields | {"ffn": FeedForward(config, params, f"{name}.ffn"),
-                     "ffn_norm": LayerNorm(config, params, f"{name}.ffn_norm")}

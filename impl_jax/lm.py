@@ -1,5 +1,5 @@
 """The decoder-only language model (``config.decoder_only``) as a pytree of ``impl_jax.layers`` modules: the decoder
-stack of ``impl_jax.model`` without cross-attention, over one token sequence, with the same KV cache and the same
+stack of ``impl_jax.stacks`` without cross-attention, over one token sequence, with the same KV cache and the same
 decode path (``impl_jax.model.decode``).
 
 ``LanguageModel`` is a ``layers.Module`` as ``Transformer`` is (children ``Embedder`` and ``Decoder``, the config
@@ -20,7 +20,8 @@ import jax
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.layers import Embedder, Module
-from impl_jax.model import Decoder, KVCache, _decode, _empty_cache, _weights, decode, log
+from impl_jax.model import decode, device_weights, log
+from impl_jax.stacks import Decoder, KVCache, decoder_logits, empty_cache
 from spec import shapes, validate
 from spec.config import Config
 from spec.recording import recording
@@ -38,7 +39,7 @@ class LanguageModel(Module):
 
     def __init__(self, config: Config, seed: int = 0, *, params: dict[str, Any] | None = None):
         validate.check_model_kind(config, decoder_only=True)
-        params = _weights(config, seed, params)
+        params = device_weights(config, seed, params)
         vars(self).update(embedder=Embedder(config, params), decoder=Decoder(config, params), config=config)
 
     def forward(self, tokens: Ids, intermediates: bool = False, *, rng: jax.Array | None = None):
@@ -58,7 +59,7 @@ class LanguageModel(Module):
         """An empty ``KVCache`` of exactly ``capacity`` positions (not bucketed) for ``batch`` sequences, ``memory_kv``
         ``()`` and ``memory_mask`` None."""
         validate.check_cache_size(batch, capacity, self.config)
-        return _empty_cache(self, int(batch), int(capacity))
+        return empty_cache(self, int(batch), int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache)
@@ -74,6 +75,6 @@ def _forward(model: LanguageModel, tokens: jax.Array, intermediates: bool, rng: 
     log.info("impl_jax: compiling the language model's forward for batch %d, length %d (buckets)%s", *tokens.shape,
              ", with intermediates" if intermediates else "")
     model = jax.tree.map(lambda p: numerics.round_to(p, c.dtype), model)
-    with recording() as rec:  # at trace time, into this trace's own dict (as ``impl_jax.model._forward``)
-        logits, _ = _decode(model, tokens, _empty_cache(model, *tokens.shape), rng)
+    with recording() as rec:  # at trace time, into this trace's own dict (as ``Transformer.forward``'s)
+        logits, _ = decoder_logits(model, tokens, empty_cache(model, *tokens.shape), rng)
     return logits, rec if intermediates else {}

@@ -1,9 +1,9 @@
 """Sampling the next token and generating with the decoder-only model (``spec.sampling``), in JAX's ops, fp32.
 
-``generate`` is one ``lax.while_loop`` program over the decoding step (``impl_jax.model._decode``), as the searches
-of ``impl_jax.search``, and returns NumPy int64 tokens as they do. It follows ``spec.sampling.generate`` step for
-step: one prefill call, then one position per call. The uniforms are ``spec.sampling.uniforms``, drawn on the host
-and passed in as fp32; JAX's RNG draws nothing here.
+``generate`` is one ``lax.while_loop`` program over the decoding step (``impl_jax.stacks.decoder_logits``), as the
+searches of ``impl_jax.search``, and returns NumPy int64 tokens as they do. It follows ``spec.sampling.generate``
+step for step: one prefill call, then one position per call. The uniforms are ``spec.sampling.uniforms``, drawn on
+the host and passed in as fp32; JAX's RNG draws nothing here.
 
 Shapes are static and the rest is data: the batch is padded to the next power of two with rows of ``pad_id`` (done
 from the start, dropped from the result), the prompt to its length bucket, the cache capacity P is the bucket of the
@@ -24,7 +24,8 @@ from jax import lax
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
 from impl_jax.lm import LanguageModel
-from impl_jax.model import _decode, _empty_cache, log
+from impl_jax.model import log
+from impl_jax.stacks import decoder_logits, empty_cache
 from spec import sampling, shapes, validate
 
 F32 = jnp.float32
@@ -98,11 +99,11 @@ def _generate(model: LanguageModel, prompt: jax.Array, lengths: jax.Array, u: ja
     def step(state):  # feeds position pos (the prompt's token, else the one drawn; pad_id once done), draws pos + 1
         pos, out, done, cache = state
         fed = jnp.where(pos < lengths, prompt[:, jnp.minimum(pos, L - 1)], out[rows, jnp.maximum(pos - lengths, 0)])
-        logits, cache = _decode(model, jnp.where(done, c.pad_id, fed)[:, None], cache)  # (B, 1, V)
+        logits, cache = decoder_logits(model, jnp.where(done, c.pad_id, fed)[:, None], cache)  # (B, 1, V)
         return pos + 1, *draw(pos + 1, logits[:, 0], out, done), cache
 
     prefill = jnp.where(jnp.arange(L) < first, prompt, c.pad_id)              # the columns every prompt covers
-    logits, cache = _decode(model, prefill, _empty_cache(model, B, capacity), at=first - 1)   # (B, 1, V)
+    logits, cache = decoder_logits(model, prefill, empty_cache(model, B, capacity), at=first - 1)  # (B, 1, V)
     out, done = draw(first, logits[:, 0],
                      jnp.full((B, capacity), c.pad_id, jnp.int32), lengths == 0)
     _, out, _, _ = lax.while_loop(lambda s: ~s[2].all(), step, (first, out, done, cache._replace(length=first)))

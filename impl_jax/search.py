@@ -1,5 +1,5 @@
 """Greedy and beam search with a preallocated KV cache (paper section 6.1), each one ``lax.while_loop`` over a
-decoding step (``impl_jax.model._decode``), in the style of Flax's WMT example.
+decoding step (``impl_jax.stacks.decoder_logits``), in the style of Flax's WMT example.
 
 Both follow ``spec.search`` step for step and return NumPy int64 tokens (``spec.api``: JAX holds int64 only under
 the process-wide ``jax_enable_x64`` flag, which a library must not set). There is no dropout: search always
@@ -25,7 +25,8 @@ from jax import lax
 
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
-from impl_jax.model import Transformer, _decode, _encode, _init_cache, log
+from impl_jax.model import Transformer, log
+from impl_jax.stacks import decoder_logits, encoder_memory, source_cache
 from spec import shapes, validate
 from spec.search import length_penalty
 
@@ -54,7 +55,7 @@ def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, out: jax.Arra
 
     def step(state):
         t, tokens, out, done, cache = state
-        logits, cache = _decode(model, tokens[:, None], cache)                    # (B, 1, V)
+        logits, cache = decoder_logits(model, tokens[:, None], cache)             # (B, 1, V)
         best = jnp.argmax(logits[:, 0].at[..., special].set(-jnp.inf), axis=-1)   # the first of equal maxima
         tokens = jnp.where(done, c.pad_id, best)
         done = done | (tokens == c.eos_id) | (t + 1 >= limits)
@@ -65,7 +66,7 @@ def _greedy(model: Transformer, src: jax.Array, limits: jax.Array, out: jax.Arra
         return (t < capacity) & ~done.all()
 
     state = (jnp.zeros((), jnp.int32), jnp.full((B,), c.bos_id, jnp.int32), out, jnp.zeros((B,), bool),
-             _init_cache(model, _encode(model, src), src, capacity))
+             source_cache(model, encoder_memory(model, src), src, capacity))
     steps, _, out, _, _ = lax.while_loop(running, step, state)
     return out, steps
 
@@ -114,7 +115,7 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, penalties: jax.
 
     def step(state):
         t, s, done, cache = state
-        logits, cache = _decode(model, s.tokens.reshape(B * k, 1), cache)                    # (B*k, 1, V)
+        logits, cache = decoder_logits(model, s.tokens.reshape(B * k, 1), cache)             # (B*k, 1, V)
         logp = jax.nn.log_softmax(logits[:, 0], axis=-1)                                      # fp32, over all of V
         logp = logp.at[..., special].set(-jnp.inf).reshape(B, k, V)
         cand, top = lax.top_k((s.live_logprobs[:, :, None] + logp).reshape(B, k * V), 2 * k)      # (B, 2k)
@@ -143,7 +144,7 @@ def _beam(model: Transformer, src: jax.Array, limits: jax.Array, penalties: jax.
                   jnp.tile(jnp.asarray([0.0] + [-np.inf] * (k - 1), F32), (B, 1)),
                   jnp.full((B, k, capacity), c.pad_id, jnp.int32), jnp.full((B, k), ninf, F32),
                   jnp.zeros((B,), jnp.int32))
-    cache = _init_cache(model, _encode(model, src), src, capacity)
+    cache = source_cache(model, encoder_memory(model, src), src, capacity)
     rep = lambda x: jnp.repeat(x, k, axis=0)  # noqa: E731  row b*k + j is beam j of sequence b
     cache = cache._replace(self_kv=jax.tree.map(rep, cache.self_kv), key_mask=rep(cache.key_mask),
                            memory_kv=jax.tree.map(rep, cache.memory_kv), memory_mask=rep(cache.memory_mask))

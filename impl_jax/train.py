@@ -191,7 +191,7 @@ def _step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_o
           ) -> tuple[jax.Array, Module, TrainState]:
     """``train_step`` of either model on its validated, bucketed inputs and targets."""
     _check_state(model, state)
-    loss, model, new = _train_step(model, state, inputs, tgt_out)
+    loss, model, new = train_step_program(model, state, inputs, tgt_out)
     order = list(state.m)  # the jitted function's dicts come back in sorted key order
     return loss, model, dataclasses.replace(new, m={n: new.m[n] for n in order}, v={n: new.v[n] for n in order})
 
@@ -221,8 +221,11 @@ def _loss_and_gradients(model: Module, inputs: tuple[jax.Array, ...], tgt_out: j
 
 
 @numerics.jit
-def _train_step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array
-                ) -> tuple[jax.Array, Module, TrainState]:
+def train_step_program(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array
+                       ) -> tuple[jax.Array, Module, TrainState]:
+    """The jitted program ``train_step`` and ``lm_train_step`` run after their checks (``.lower`` it to inspect
+    it): either model, its state, its validated inputs on the buckets ((src (B, S), tgt_in (B, T)) or (tokens
+    (B, T),)) and targets (B, T) int32 -> (loss () float32 before the update, the new model, the new state)."""
     c, tc = model.config, state.train_config
     log.info("impl_jax: compiling train_step for batch %d, lengths %s (buckets)", tgt_out.shape[0],
              [x.shape[1] for x in inputs])

@@ -102,7 +102,8 @@ class DataParallel:
         s = self.state
         src, tgt_in, tgt_out = self._shards(batch)  # (N Bs, Sb), (N Bs, Tb), (N Bs, Tb) int32, sharded by rows
         # All replicated: loss () float32, the model, the state, the gradients if kept.
-        loss, self.model, state, grads = _step(self.model, s, src, tgt_in, tgt_out, keep_gradient=keep_gradient)
+        loss, self.model, state, grads = train_step_program(self.model, s, src, tgt_in, tgt_out,
+                                                            keep_gradient=keep_gradient)
         order = list(s.m)  # the jitted function's dicts come back in sorted key order
         self.state = dataclasses.replace(state, m={n: state.m[n] for n in order}, v={n: state.v[n] for n in order})
         kept = None if grads is None else {name: np.asarray(g) for name, g in _local(grads).items()}
@@ -201,10 +202,12 @@ def _devices(n: int) -> None:
 
 
 @functools.partial(numerics.jit, static_argnames=("keep_gradient",))
-def _step(model: Transformer, state: TrainState, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
-          keep_gradient: bool):
-    """-> (loss, new model, new state, {canonical name: fp32 global gradient} if ``keep_gradient`` else None): the
-    step of ``impl_jax.train_step`` on the global batch (without the gradient, XLA keeps it nowhere)."""
+def train_step_program(model: Transformer, state: TrainState, src: jax.Array, tgt_in: jax.Array, tgt_out: jax.Array,
+                       keep_gradient: bool):
+    """The jitted program ``DataParallel.step`` runs on the sharded global batch (``.lower`` it to inspect it):
+    src (B, S), tgt_in (B, T), tgt_out (B, T) int32 -> (loss, new model, new state, {canonical name: fp32 global
+    gradient} if ``keep_gradient`` else None): the step of ``impl_jax.train_step`` on the global batch (without the
+    gradient, XLA keeps it nowhere)."""
     c, tc = model.config, state.train_config
     log.info("impl_jax: compiling train_step%s for batch %d, source length %d, target length %d (buckets)",
              " keeping the gradient" if keep_gradient else "", *src.shape, tgt_in.shape[1])

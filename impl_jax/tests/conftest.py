@@ -1,6 +1,8 @@
-"""Shared fixtures: a tiny model in each dtype, and token batches."""
+"""Shared fixtures: a tiny model in each dtype, token batches, and the programs a test compiles."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pytest
@@ -30,6 +32,14 @@ def make():
 def tokens():
     """``tokens(config, seed, B, L, bos=False)``: random non-special token ids (B, L), optionally after BOS."""
     return _tokens
+
+
+@pytest.fixture
+def compiles(caplog):
+    """``compiles()``: the lines logged on the ``"impl_jax"`` logger so far in this test, one per program traced to
+    be compiled (each jitted program logs one at INFO when it is traced)."""
+    caplog.set_level(logging.INFO, logger="impl_jax")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "impl_jax"]
 
 
 @pytest.fixture(scope="session")

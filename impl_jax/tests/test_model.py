@@ -4,7 +4,6 @@ tracing, compilation per shape bucket."""
 from __future__ import annotations
 
 import functools
-import logging
 import subprocess
 import sys
 
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 
 import impl_jax
-from impl_jax import model as M
 from spec import shapes
 from spec.config import TINY
 from spec.init import init_params
@@ -86,17 +84,17 @@ def test_intermediates_are_named_and_shaped_as_the_spec_says(tiny, tokens):
         assert inter[name].shape == shape and np.dtype(inter[name].dtype) == np_dtype(dtype), name
 
 
-def test_recording_collects_nothing_outside_the_forward(tiny, tokens):
+def test_recording_collects_nothing_outside_the_forward(tiny, tokens, compiles):
     """``record`` is a no-op while no ``recording`` is open, and a caller's ``recording`` around the model
     collects nothing, even while the forward is traced: the jitted forward records into its own dict."""
     x = jnp.ones(3)
     with scope("encoder"):
         assert record("x", x) is x
     c = tiny.config
-    before = M._forward._cache_size()
     with recording() as rec:
         tiny(tokens(c, 5, 3, 11), tokens(c, 6, 3, 9, bos=True))   # buckets (4, 16, 16): traced in the block
-    assert M._forward._cache_size() == before + 1 and rec == {}
+    assert rec == {}
+    assert compiles() == ["impl_jax: compiling forward for batch 4, source length 16, target length 16 (buckets)"]
 
 
 
@@ -131,26 +129,21 @@ def test_kv_cache_one_token_at_a_time_and_in_chunks_matches_forward(tiny, tokens
     (lambda m, s: m.decode(-s, m.init_cache(m.encode(s), s, 8)), "tokens: token id -"),
     (lambda m, s: m.init_cache(m.encode(s), s, m.config.max_len + 1), "capacity must be"),
 ], ids=["float_ids", "id_at_vocab_size", "all_pad_device_array", "negative_decode_id", "capacity"])
-def test_bad_input_raises_before_tracing(tiny, call, pattern, tokens):
+def test_bad_input_raises_before_tracing(tiny, call, pattern, tokens, compiles):
     ids = tokens(tiny.config, 7, 2, 7)
     tiny.init_cache(tiny.encode(ids), ids, 8)  # the valid calls a case makes before its bad one, compiled first
-    before = M._forward._cache_size(), M._compiled._cache_size()
+    before = len(compiles())
     with pytest.raises(ValueError, match=pattern):
         call(tiny, ids)
-    assert (M._forward._cache_size(), M._compiled._cache_size()) == before
+    assert compiles()[before:] == []
 
 
-def test_forward_compiles_once_per_bucket_and_logs_it(tiny, tokens, caplog):
+def test_forward_compiles_once_per_bucket_and_logs_it(tiny, tokens, compiles):
     c = tiny.config
-    before = M._forward._cache_size()
-    with caplog.at_level(logging.INFO, logger="impl_jax"):
-        for S in range(9, 17):                                 # source lengths 9..16, targets 3..5: one bucket
-            tiny(tokens(c, S, 3, S), tokens(c, S, 3, 3 + S % 3, bos=True))
-        assert M._forward._cache_size() == before + 1
-        tiny(tokens(c, 0, 5, 17), tokens(c, 0, 5, 5, bos=True))  # batch 5 -> 8, source 17 -> 32
-        assert M._forward._cache_size() == before + 2
-    lines = [r.getMessage() for r in caplog.records if r.name == "impl_jax"]
-    assert lines == ["impl_jax: compiling forward for batch 4, source length 16, target length 8 (buckets)",
+    for S in range(9, 17):                                     # source lengths 9..16, targets 3..5: one bucket
+        tiny(tokens(c, S, 3, S), tokens(c, S, 3, 3 + S % 3, bos=True))
+    tiny(tokens(c, 0, 5, 17), tokens(c, 0, 5, 5, bos=True))      # batch 5 -> 8, source 17 -> 32
+    assert compiles() == ["impl_jax: compiling forward for batch 4, source length 16, target length 8 (buckets)",
                      "impl_jax: compiling forward for batch 8, source length 32, target length 8 (buckets)"]
 
 

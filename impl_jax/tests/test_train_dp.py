@@ -60,7 +60,8 @@ def test_compiled_step_all_reduces_the_gradients(launch):
         engine = train_dp.DataParallel(o)
         batch = dp.global_batch(o.config, 1, 8, 0)
         shards = engine._shards(batch)  # the program step runs, as XLA compiles it for the mesh (SPMD-partitioned)
-        text = train_dp._step.lower(engine.model, engine.state, *shards, keep_gradient=False).compile().as_text()
+        lowered = train_dp.train_step_program.lower(engine.model, engine.state, *shards, keep_gradient=False)
+        text = lowered.compile().as_text()
         engine.step(batch, keep_gradient=False)
         leaves = jax.tree.leaves((engine.model, engine.state))
         try:

@@ -42,6 +42,8 @@ from impl_tf.train_state import TrainState, check_state
 from spec import shapes, training, validate
 from spec.recording import recording
 
+SUM = tf.distribute.ReduceOp.SUM  # the data-parallel reduction (``mirrored_step``, ``impl_tf.train_dp``)
+
 
 def loss_and_gradients(model: Transformer, src, tgt_in, tgt_out, label_smoothing: float = 0.1
                        ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
@@ -132,14 +134,18 @@ def mirrored_step(model: Transformer, state: TrainState, strategy: tf.distribute
     @functools.partial(tf.function, jit_compile=True)
     def gradient(src, tgt_in, tgt_out, seed, count, label_smoothing) -> tuple[tf.Tensor, list[tf.Tensor]]:
         # (Bs, Sb), (Bs, Tb), (Bs, Tb) int32 -> (this replica's share sum_local / count, its fp32 gradients)
-        return _loss_and_gradients(model, (src, tgt_in), tgt_out, label_smoothing, seed, count=count)
+        with tf.GradientTape() as tape, recording():
+            logits = forward_logits(model, src, tgt_in, seed)                              # (Bs, Tb, V) float32
+            share = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id, count=count)
+        # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
+        return share, [tf.convert_to_tensor(g) for g in tape.gradient(share, list(model.params.values()))]
 
     def replica(*ids: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
         # in replica context: its dropout seed (2,) int64 from its own stream of the generator (impl_tf.train_dp)
         return gradient(*ids, state.rng.make_seeds(1)[:, 0], count, scalars["label_smoothing"])
 
     shares, grads = strategy.run(replica, args=(src, tgt_in, tgt_out))
-    params, SUM = model.params, tf.distribute.ReduceOp.SUM
+    params = model.params
     # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
     grads = strategy.extended.batch_reduce_to(SUM, list(zip(grads, params.values(), strict=True)))
     for (name, p), g in zip(params.items(), grads, strict=True):
@@ -207,15 +213,15 @@ def _inputs_targets(model: Model, batch: tuple[tf.Tensor, ...]) -> tuple[tuple[t
 
 
 def _loss_and_gradients(model: Model, inputs: tuple[tf.Tensor, ...], tgt_out: tf.Tensor,
-                        label_smoothing: tf.Tensor, rng: tf.Tensor | None = None, *, count: tf.Tensor | None = None
+                        label_smoothing: tf.Tensor, rng: tf.Tensor | None = None
                         ) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """(loss () float32, fp32 gradients in schema order) of the model's forward on padded ``inputs`` against
     ``tgt_out`` (``_inputs_targets``), traced inside a tf.function; its records go to a dict of this trace's own.
-    ``rng`` as ``layers.dropout``'s; ``count`` as ``smoothed_loss``'s."""
+    ``rng`` as ``layers.dropout``'s."""
     forward = lm.forward_logits if model.config.decoder_only else forward_logits
     with tf.GradientTape() as tape, recording():
         logits = forward(model, *inputs, rng)                                            # (B, T, V) float32
-        loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id, count=count)  # () float32
+        loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32
     # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
     return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, list(model.params.values()))]
 

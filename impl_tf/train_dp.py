@@ -53,7 +53,6 @@ from spec import data_parallel, data_parallel_cli, weights_io
 from spec.data_parallel import Batch, Options
 
 MODULE = "impl_tf.train_dp"
-SUM = tf.distribute.ReduceOp.SUM
 
 
 class DataParallel:
@@ -159,7 +158,7 @@ class DataParallel:
         """Returns once every process has reached it: at once with one process (its devices run one program),
         else after an all-reduce that every worker joins."""
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            self.strategy.reduce(SUM, self.strategy.run(lambda: tf.constant(1.0)), axis=None)
+            self.strategy.reduce(train.SUM, self.strategy.run(lambda: tf.constant(1.0)), axis=None)
 
     def _shards(self, batch: Batch) -> tuple[Any, Any, Any]:
         """The global batch checked, each replica's ``shard`` padded with ``pad_id`` to the batch bucket of B/N rows

@@ -75,7 +75,11 @@ def load_train_state(path: str | os.PathLike, model: Model) -> TrainState:
 
 
 def check_state(model: Model, state: TrainState) -> None:
-    """``state``'s moments must have the model's parameter names, in its order, and shapes."""
+    """``state``'s moments must have the model's parameter names, in its order, and shapes.
+
+    Raises:
+        ValueError: naming the first moment whose name or shape is not the model's parameter's.
+    """
     for k in ("m", "v"):
         moments = getattr(state, k)
         for i, (have, want) in enumerate(itertools.zip_longest(moments, model.params)):

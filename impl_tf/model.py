@@ -1,7 +1,7 @@
 """The encoder-decoder Transformer (Vaswani et al., 2017, section 3) as a tf.Module, with a preallocated KV cache,
-and what the decoder-only ``impl_tf.lm.LanguageModel`` shares with it (``decode``): the checked entry points. The
-layers, the stacks and the computations they run are ``impl_tf.stacks``'s; the programs that run them,
-``impl_tf.programs``'.
+and what the decoder-only ``impl_tf.lm.LanguageModel`` shares with it (``decode``): the entry points that check
+their inputs. The encoder and decoder stacks, the KV cache and the unchecked computations are ``impl_tf.stacks``';
+the programs that run them, ``impl_tf.programs``'.
 
 The entry points run as ``tf.function(jit_compile=True)`` programs with shape-polymorphic input signatures: traced
 once, compiled by XLA once per concrete shape, and shared by the models of one config, whose weights they take as

@@ -25,13 +25,13 @@ So that varying shapes compile a bounded number of programs, ``model(...)``, ``e
 one line at INFO on the ``"impl_tf"`` logger. The forward drops out (section 5.4) only when given a stateless seed,
 ``model(src, tgt_in, rng=[seed, 0])`` ((2,) int); decoding, search and ``generate`` never do.
 
-Training (section 5, ``impl_tf.train``): ``init_train_state`` gives a ``TrainState`` (a dataclass: the
-step, the ``TrainConfig``, Adam's fp32 moment variables and a ``tf.random.Generator`` for dropout); ``train_step``
-runs one compiled step (dropout, ``tf.GradientTape`` gradients, Adam) and updates model and state in place;
-``loss_and_gradients`` evaluates the loss and the fp32 gradients (``lm_train_step``, ``lm_loss_and_gradients``:
-next-token prediction); ``save_train_state`` and ``load_train_state``
-write and read the canonical train-state file. The library sets no process-wide TensorFlow flag and never reads or
-seeds TensorFlow's global RNG.
+Training (section 5, ``impl_tf.train``, ``impl_tf.train_state``): ``init_train_state`` gives a ``TrainState`` (a
+dataclass: the step, the ``TrainConfig``, Adam's fp32 moment variables and a ``tf.random.Generator`` for dropout);
+``train_step`` runs one compiled step (dropout, ``tf.GradientTape`` gradients, Adam) and updates model and state in
+place; ``loss_and_gradients`` evaluates the loss and the fp32 gradients (``lm_train_step``,
+``lm_loss_and_gradients``: next-token prediction); ``save_train_state`` and ``load_train_state`` write and read the
+canonical train-state file. The library sets no process-wide TensorFlow flag and never reads or seeds TensorFlow's
+global RNG.
 
 Every entry point checks its inputs with ``spec.validate`` on a host copy before any computation and raises
 the spec's ``ValueError``. Search never generates pad or BOS.
@@ -46,20 +46,13 @@ except ModuleNotFoundError as e:
 
 from impl_tf import inputs, layers, lm, model, numerics, sampling, search, train, weights  # noqa: E402
 from impl_tf.lm import LanguageModel  # noqa: E402
-from impl_tf.model import KVCache, Transformer  # noqa: E402
+from impl_tf.model import Transformer  # noqa: E402
 from impl_tf.numerics import numerics_scope  # noqa: E402
 from impl_tf.sampling import generate  # noqa: E402
 from impl_tf.search import beam_search, greedy_search  # noqa: E402
-from impl_tf.train import (  # noqa: E402
-    TrainState,
-    init_train_state,
-    lm_loss_and_gradients,
-    lm_train_step,
-    load_train_state,
-    loss_and_gradients,
-    save_train_state,
-    train_step,
-)
+from impl_tf.stacks import KVCache  # noqa: E402
+from impl_tf.train import lm_loss_and_gradients, lm_train_step, loss_and_gradients, train_step  # noqa: E402
+from impl_tf.train_state import TrainState, init_train_state, load_train_state, save_train_state  # noqa: E402
 from impl_tf.weights import from_params, load_weights, params_of, save_weights  # noqa: E402
 
 __version__ = "0.2.0"

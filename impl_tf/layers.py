@@ -5,7 +5,7 @@ Products go through ``impl_tf.numerics``; layers run eagerly or inside ``tf.func
 The softmax and LayerNorm's normalization carry their own gradient: their Jacobians in one expression, as the
 ideal backward of ``spec.backward`` does, where autodiff through their max, sums and statistics subtracts fp32
 terms that cancel (docs/decisions-tf.md). Dropout (section 5.4) draws from the ``rng`` a forward is given, a
-stateless seed (None: evaluation).
+stateless seed (None: evaluation). The encoder and decoder layers built of these are ``impl_tf.stacks``'.
 """
 
 from __future__ import annotations
@@ -190,67 +190,6 @@ class LayerNorm(tf.Module):
 
         scale, bias = (round_to(p, x.dtype) for p in (self.scale, self.bias))  # rule 0
         return tf.cast(normalized(tf.cast(x, tf.float32)) * scale + bias, x.dtype)
-
-
-class EncoderLayer(tf.Module):
-    """Self-attention then FFN, each with a residual connection, dropout and LayerNorm (sections 3.1, 5.4): post-LN
-    (paper) ``LayerNorm(x + Dropout(Sublayer(x)))``, pre-LN (``config.norm_first``) ``x + Dropout(Sublayer(
-    LayerNorm(x)))``. Records each sublayer's output after dropout as ``<sublayer>`` (with dropout, its keep mask as
-    ``<sublayer>.keep``) and the residual line's as ``<sublayer>.residual``, under its caller's ``scope``."""
-
-    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str):
-        super().__init__(name="encoder_layer")
-        self.norm_first, self.rate = config.norm_first, config.dropout
-        attention, norm = (functools.partial(m, config, params) for m in (MultiHeadAttention, LayerNorm))
-        self.self_attn, self.self_attn_norm = attention(f"{name}.self_attn"), norm(f"{name}.self_attn_norm")
-        self.ffn, self.ffn_norm = FeedForward(config, params, f"{name}.ffn"), norm(f"{name}.ffn_norm")
-
-    def forward(self, x: tf.Tensor, mask: tf.Tensor, rng: tf.Tensor | None = None) -> tf.Tensor:
-        """x (B, S, D), key padding mask (B, 1, 1, S) -> (B, S, D); ``rng`` as ``dropout``'s."""
-        pre = self.norm_first
-        h = self.self_attn_norm.forward(x) if pre else x
-        h = self.self_attn.forward(h, self.self_attn.project_kv(h), mask)
-        x = residual_add(x, dropout(h, "self_attn", self.rate, rng))
-        x = record("self_attn.residual", x if pre else self.self_attn_norm.forward(x))
-        h = self.ffn.forward(self.ffn_norm.forward(x) if pre else x)
-        x = residual_add(x, dropout(h, "ffn", self.rate, rng))
-        return record("ffn.residual", x if pre else self.ffn_norm.forward(x))
-
-
-class DecoderLayer(tf.Module):
-    """Masked self-attention over a KV cache, cross-attention, FFN (section 3.1), each as ``EncoderLayer``'s; a
-    decoder-only model's (``config.decoder_only``) has no cross-attention (``cross_attn`` and its norm None)."""
-
-    def __init__(self, config: Config, params: dict[str, np.ndarray], name: str):
-        super().__init__(name="decoder_layer")
-        self.norm_first, self.rate = config.norm_first, config.dropout
-        attention, norm = (functools.partial(m, config, params) for m in (MultiHeadAttention, LayerNorm))
-        self.self_attn, self.self_attn_norm = attention(f"{name}.self_attn"), norm(f"{name}.self_attn_norm")
-        self.cross_attn, self.cross_attn_norm = (None, None) if config.decoder_only else (
-            attention(f"{name}.cross_attn"), norm(f"{name}.cross_attn_norm"))
-        self.ffn, self.ffn_norm = FeedForward(config, params, f"{name}.ffn"), norm(f"{name}.ffn_norm")
-
-    def forward(self, y: tf.Tensor, self_kv: tuple[tf.Tensor, tf.Tensor], self_mask: tf.Tensor,
-                memory_kv: tuple[tf.Tensor, tf.Tensor] | None, memory_mask: tf.Tensor | None, start: tf.Tensor | int,
-                rng: tf.Tensor | None = None) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor]]:
-        """n new tokens y (B, n, D) at positions ``start...``: self_kv, this layer's (k (B, H, P, K),
-        v (B, H, P, C)) holding positions < start; self_mask (B, 1, n, P) (causal and key padding); memory_kv
-        (k (B, H, S, K), v (B, H, S, C)); memory_mask (B, 1, 1, S), both None in a decoder-only model; ``rng`` as
-        ``dropout``'s. -> (B, n, D) and self_kv with the new keys/values written at ``start...``."""
-        pre = self.norm_first
-        h = self.self_attn_norm.forward(y) if pre else y
-        self_kv = tuple(write_kv(cache, new, start) for cache, new in zip(self_kv, self.self_attn.project_kv(h),
-                                                                          strict=True))
-        h = self.self_attn.forward(h, self_kv, self_mask)
-        y = residual_add(y, dropout(h, "self_attn", self.rate, rng))
-        y = record("self_attn.residual", y if pre else self.self_attn_norm.forward(y))
-        if self.cross_attn is not None:
-            h = self.cross_attn.forward(self.cross_attn_norm.forward(y) if pre else y, memory_kv, memory_mask)
-            y = residual_add(y, dropout(h, "cross_attn", self.rate, rng))
-            y = record("cross_attn.residual", y if pre else self.cross_attn_norm.forward(y))
-        h = self.ffn.forward(self.ffn_norm.forward(y) if pre else y)
-        y = residual_add(y, dropout(h, "ffn", self.rate, rng))
-        return record("ffn.residual", y if pre else self.ffn_norm.forward(y)), self_kv
 
 
 def _variables(params: dict[str, np.ndarray], prefix: str, *names: str) -> list[tf.Variable]:

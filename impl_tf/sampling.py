@@ -1,5 +1,5 @@
 """Sampling the next token (``spec.sampling``) and ``generate``, the decoder-only model's continuation of prompts:
-one compiled ``tf.while_loop`` over the model's decoding step (``impl_tf.model._decode``) and a preallocated KV
+one compiled ``tf.while_loop`` over the model's decoding step (``impl_tf.stacks.decoder_logits``) and a preallocated KV
 cache, as ``impl_tf.search``'s loops.
 
 ``sample`` is ``spec.sampling``'s stages in TensorFlow ops, in fp32. The order is ``tf.math.top_k`` over the whole
@@ -25,7 +25,8 @@ import tensorflow as tf
 
 from impl_tf.inputs import device_ids, host_ids
 from impl_tf.lm import LanguageModel
-from impl_tf.model import IDS, KVCache, _compiled, _decode, _empty_cache
+from impl_tf.programs import IDS, compiled
+from impl_tf.stacks import KVCache, decoder_logits, empty_cache
 from spec import sampling, shapes, validate
 from spec.annotations import Int
 from spec.search import forbid_special
@@ -79,7 +80,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, temperature: flo
     padded_lengths[:B] = lengths
     signature = [IDS, tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, None], tf.float32), INT_SCALAR, SCALAR,
                  INT_SCALAR, SCALAR]
-    loop = _compiled(model, "generate", functools.partial(_generate, model), signature, size)
+    loop = compiled(model, "generate", functools.partial(_generate, model), signature, size)
     out, width = loop(device_ids(prompt[:, :L], *size[:2], c.pad_id), tf.constant(padded_lengths), tf.constant(u),
                       tf.constant(N), tf.constant(temperature, tf.float32),
                       tf.constant(c.vocab_size if top_k is None else min(int(top_k), c.vocab_size)),
@@ -96,7 +97,7 @@ def _generate(model: LanguageModel, prompt: tf.Tensor, lengths: tf.Tensor, u: tf
     special = forbid_special(np.zeros(c.vocab_size), c) == NEG_INF           # (V,) True at pad and BOS
     first = tf.reduce_min(tf.where(lengths > 0, lengths, L))                 # the shortest prompt
     prefill = tf.where(tf.range(L) < first, prompt, c.pad_id)               # (B, L)
-    logits, cache = _decode(model, prefill, _empty_cache(model, B, P), at=first - 1)      # (B, 1, V)
+    logits, cache = decoder_logits(model, prefill, empty_cache(model, B, P), at=first - 1)  # (B, 1, V)
     cache = cache._replace(length=first)
 
     def step(pos, logits, done, out, self_kv, key_mask, length):
@@ -111,7 +112,7 @@ def _generate(model: LanguageModel, prompt: tf.Tensor, lengths: tf.Tensor, u: tf
         fed = tf.where(done, c.pad_id, fed)
 
         def decode():
-            logits, cache = _decode(model, fed[:, None], KVCache(self_kv, key_mask, (), None, length))
+            logits, cache = decoder_logits(model, fed[:, None], KVCache(self_kv, key_mask, (), None, length))
             return logits[:, 0], cache.self_kv, cache.key_mask, cache.length
 
         state = tf.cond(tf.reduce_all(done), lambda: (logits, self_kv, key_mask, length), decode)

@@ -1,5 +1,5 @@
 """Greedy and beam search (section 6.1), batched, each a compiled ``tf.while_loop`` over the model's decoding step
-(``impl_tf.model._decode``) and a preallocated KV cache.
+(``impl_tf.stacks.decoder_logits``) and a preallocated KV cache.
 
 Both follow ``spec.search`` step for step: start from ``bos_id``; at most ``limit_b`` tokens for sequence b
 (default its non-pad source length + 50, ``spec.validate.generation_limits``); stop a sequence at ``eos_id``;
@@ -22,7 +22,9 @@ import numpy as np
 import tensorflow as tf
 
 from impl_tf.inputs import device_ids, host_ids
-from impl_tf.model import IDS, KVCache, Transformer, _compiled, _decode, _encode, _init_cache
+from impl_tf.model import Transformer
+from impl_tf.programs import IDS, compiled
+from impl_tf.stacks import KVCache, decoder_logits, encoder_memory, source_cache
 from spec import shapes, validate
 from spec.annotations import Int
 from spec.search import forbid_special, length_penalty
@@ -37,7 +39,7 @@ def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) ->
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     args, size = _padded(model, src, limits)
-    loop = _compiled(model, "greedy_search", functools.partial(_greedy, model), [IDS, LIMITS, IDS], size)
+    loop = compiled(model, "greedy_search", functools.partial(_greedy, model), [IDS, LIMITS, IDS], size)
     out, steps = loop(*args)
     return tf.cast(out[:len(src), :int(steps)], tf.int64)
 
@@ -47,10 +49,10 @@ def _greedy(model: Transformer, src: tf.Tensor, limits: tf.Tensor, out: tf.Tenso
     c = model.config
     B, P = tf.shape(out)[0], tf.shape(out)[1]
     special = forbid_special(np.zeros(c.vocab_size), c) == NEG_INF           # (V,) True at pad and BOS
-    cache = _init_cache(model, _encode(model, src), src, P)
+    cache = source_cache(model, encoder_memory(model, src), src, P)
 
     def step(t, tokens, done, out, cache):
-        logits, cache = _decode(model, tokens[:, None], cache)                   # (B, 1, V)
+        logits, cache = decoder_logits(model, tokens[:, None], cache)            # (B, 1, V)
         best = tf.math.top_k(tf.where(special, NEG_INF, logits[:, 0]), 1).indices[:, 0]  # lowest id of maxima
         tokens = tf.where(done, c.pad_id, best)
         out = tf.where(tf.range(P)[None, :] == t, tokens[:, None], out)          # out[:, t] = tokens
@@ -87,8 +89,8 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     beam_size, alpha = int(beam_size), float(alpha)
     (padded_src, padded_limits, _), size = _padded(model, src, limits)
     penalties = tf.constant([length_penalty(n, alpha) for n in range(size[2] + 1)], tf.float32)  # (P + 1,)
-    loop = _compiled(model, f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
-                     [IDS, LIMITS, tf.TensorSpec([None], tf.float32)], size)
+    loop = compiled(model, f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
+                    [IDS, LIMITS, tf.TensorSpec([None], tf.float32)], size)
     finished_seqs, finished_scores, live_seqs, steps = (x.numpy() for x in loop(padded_src, padded_limits, penalties))
     rows = []
     for b in range(len(limits)):
@@ -112,7 +114,7 @@ def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, penalties: tf.T
     seq = tf.fill([B, P], c.pad_id)                                          # (B, P): no token yet
     take = lambda kv, rows: tuple(tuple(tf.gather(x, rows) for x in pair) for pair in kv)  # noqa: E731
     special = forbid_special(np.zeros(V), c) == NEG_INF                     # (V,) True at pad and BOS
-    cache = _init_cache(model, _encode(model, src), src, P)
+    cache = source_cache(model, encoder_memory(model, src), src, P)
     rows = tf.repeat(tf.range(B), k)                                         # (B k): source b at b*k..b*k+k-1
     cache = cache._replace(self_kv=take(cache.self_kv, rows), key_mask=tf.gather(cache.key_mask, rows),
                            memory_kv=take(cache.memory_kv, rows), memory_mask=tf.gather(cache.memory_mask, rows))
@@ -124,7 +126,7 @@ def _beam(model: Transformer, src: tf.Tensor, limits: tf.Tensor, penalties: tf.T
         finished_seqs=tf.tile(seq[:, None], [1, k, 1]), finished_scores=tf.fill([B, k], NEG_INF), cache=cache)
 
     def step(s: BeamState) -> BeamState:
-        logits, cache = _decode(model, s.tokens[:, None], s.cache)                            # (B k, 1, V)
+        logits, cache = decoder_logits(model, s.tokens[:, None], s.cache)                     # (B k, 1, V)
         z = logits[:, 0] - tf.reduce_max(logits[:, 0], axis=-1, keepdims=True)               # log-softmax over V
         logp = tf.where(special, NEG_INF, z - tf.math.log(tf.reduce_sum(tf.exp(z), axis=-1, keepdims=True)))
         cand = s.live_logprobs[:, :, None] + tf.reshape(logp, [B, k, V])                           # (B, k, V)

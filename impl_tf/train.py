@@ -2,9 +2,9 @@
 
 The definitions are ``spec.training``'s, in TensorFlow's idiom:
 
-* The forward is the model's own (``impl_tf.model._forward``, ``impl_tf.lm._forward``: the numerics contract
-  exactly as in evaluation), with ``layers.dropout`` masks drawn by stateless ops from a seed that the train
-  state's ``tf.random.Generator`` gives each step; the loss is computed in fp32 from the float32 logits. A
+* The forward is the model's own (``impl_tf.stacks.forward_logits``, ``impl_tf.lm.forward_logits``: the numerics
+  contract exactly as in evaluation), with ``layers.dropout`` masks drawn by stateless ops from a seed that the
+  train state's ``tf.random.Generator`` gives each step; the loss is computed in fp32 from the float32 logits. A
   ``LanguageModel`` learns next-token prediction: its logits of ``tokens[:, :-1]`` against ``tokens[:, 1:]``.
 * A ``tf.GradientTape`` differentiates with respect to the model's variables. Every parameter enters the computation
   through ``numerics.round_to``, a rounding to ``config.dtype`` held in fp32 that passes its gradient straight
@@ -21,56 +21,28 @@ lengths are padded to ``spec.shapes`` buckets, the targets with ``pad_id``. Padd
 loss nor in its denominator and padded source keys get exactly zero weight, so loss and gradients are the batch's
 own (up to the order of fp32 sums). Not one shape-polymorphic trace: XLA compiles each shape anyway, and the
 gradient of a polymorphic trace's bf16 product (``numerics.matmul_f32``'s ``tf.cond`` on the row count) fails in
-XLA's dynamic padder for a one-row batch.
+XLA's dynamic padder for a one-row batch. ``mirrored_step`` is ``impl_tf.train_dp``'s step, the same loss, gradients
+and Adam on the replicas of a ``tf.distribute`` strategy. The ``TrainState`` and its file are
+``impl_tf.train_state``'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import os
-import warnings
+import functools
 
-import numpy as np
 import tensorflow as tf
 
 from impl_tf import lm
 from impl_tf.inputs import device_ids, host_ids, stateless_seed
 from impl_tf.lm import LanguageModel, Model
-from impl_tf.model import Transformer, _compiled, _forward
+from impl_tf.model import Transformer
+from impl_tf.programs import compiled
+from impl_tf.stacks import forward_logits
+from impl_tf.train_state import TrainState, check_state
 from spec import shapes, training, validate
-from spec import train_state_io as spec_io
 from spec.recording import recording
-from spec.training import TrainConfig
 
-
-@dataclasses.dataclass
-class TrainState:
-    """What training carries from step to step besides the weights (sections 5.3, 5.4).
-
-    ``step``: an int64 ``tf.Variable``, the updates done (0 at first); ``train_config``: the
-    ``spec.training.TrainConfig``; ``m``, ``v``: Adam's first and second moments, {canonical name: float32
-    ``tf.Variable`` of the parameter's shape} in ``spec.schema`` order; ``rng``: the ``tf.random.Generator``
-    (Philox) that each step's dropout seed is drawn from. ``train_step`` updates it in place.
-    """
-
-    step: tf.Variable
-    train_config: TrainConfig
-    m: dict[str, tf.Variable]
-    v: dict[str, tf.Variable]
-    rng: tf.random.Generator
-
-
-def init_train_state(model: Model, train_config: TrainConfig | None = None, seed: int = 0) -> TrainState:
-    """The dropout generator is ``tf.random.Generator.from_seed(seed, alg="philox")``; all variables are made in
-    the caller's ``tf.distribute`` scope, if any."""
-    if not validate.is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    moments = lambda k: {name: tf.Variable(tf.zeros(p.shape, tf.float32), trainable=False, name=f"{k}.{name}")  # noqa: E731
-                         for name, p in model.params.items()}
-    return TrainState(tf.Variable(0, dtype=tf.int64, trainable=False, name="step"),
-                      TrainConfig() if train_config is None else train_config, moments("m"), moments("v"),
-                      tf.random.Generator.from_seed(int(seed), alg="philox"))
+SUM = tf.distribute.ReduceOp.SUM  # the data-parallel reduction (``mirrored_step``, ``impl_tf.train_dp``)
 
 
 def loss_and_gradients(model: Transformer, src, tgt_in, tgt_out, label_smoothing: float = 0.1
@@ -87,7 +59,7 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
     Raises:
         ValueError: as ``spec.api``, or if ``state`` was built for another model (parameter names or shapes).
     """
-    _check_state(model, state)
+    check_state(model, state)
     return _step(model, state, "train_step", *_batch(model, src, tgt_in, tgt_out))
 
 
@@ -100,34 +72,8 @@ def lm_loss_and_gradients(model: LanguageModel, tokens, label_smoothing: float =
 
 def lm_train_step(model: LanguageModel, state: TrainState, tokens) -> tuple[tf.Tensor, LanguageModel, TrainState]:
     """As ``train_step``, for next-token prediction on tokens (B, T)."""
-    _check_state(model, state)
+    check_state(model, state)
     return _step(model, state, "lm_train_step", *_lm_batch(model, tokens))
-
-
-def save_train_state(state: TrainState, path: str | os.PathLike) -> None:
-    """The generator's Philox state is stored as "rng" (int64 (3,), framework "tf"). The variables may be mirrored
-    (``impl_tf.train_dp``): the first device's copy is written."""
-    spec_io.save(path, spec_io.StoredState({k: x.numpy() for k, x in state.m.items()},
-                                           {k: x.numpy() for k, x in state.v.items()}, int(state.step.numpy()),
-                                           state.train_config, state.rng.state.numpy(), "tf"))
-
-
-def load_train_state(path: str | os.PathLike, model: Model) -> TrainState:
-    """A file written by another framework keeps its moments, step and config; its dropout generator is seeded
-    afresh from 0, with a ``UserWarning`` that dropout masks will differ."""
-    stored = spec_io.load(path, model.config)
-    state = init_train_state(model, stored.train_config, 0)
-    if stored.framework == "tf" and stored.rng.dtype == np.int64 and stored.rng.shape == tuple(state.rng.state.shape):
-        state.rng = tf.random.Generator.from_state(stored.rng, alg="philox")
-    else:
-        warnings.warn(f"{path}: a train state of framework {stored.framework!r} with another dropout RNG; its "
-                      f"moments, step and config are kept, the RNG is seeded afresh from 0, so dropout masks will "
-                      f"differ", stacklevel=2)
-    for name in model.params:
-        state.m[name].assign(stored.m[name])
-        state.v[name].assign(stored.v[name])
-    state.step.assign(stored.step)
-    return state
 
 
 def smoothed_loss(logits: tf.Tensor, tgt_out: tf.Tensor, label_smoothing: tf.Tensor, pad_id: int, *,
@@ -175,6 +121,42 @@ def adam_scalars(model: Model, state: TrainState) -> dict[str, tf.Tensor]:
     return {k: tf.constant(x, tf.float32) for k, x in scalars.items()}
 
 
+def mirrored_step(model: Transformer, state: TrainState, strategy: tf.distribute.Strategy, src, tgt_in, tgt_out,
+                  count: tf.Tensor, scalars: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """``impl_tf.train_dp``'s step, in cross-replica context, of a model and state mirrored by ``strategy``, on
+    per-replica padded ids src (Bs, Sb), tgt_in, tgt_out (Bs, Tb) int32, ``count`` () float32 the global batch's
+    non-pad targets and the step's fp32 ``scalars`` (``adam_scalars``): per-replica shares and gradients, their
+    all-reduce, Adam on every copy; -> (the global loss () float32, the global gradients in schema order, fp32, each
+    its parameter's shape)."""
+
+    # One XLA program per replica (a MirroredStrategy traces it once per device, XLA compiles each concrete shape):
+    # the layers' bf16 products are written for XLA (impl_tf.numerics), and it is faster (docs/decisions-tf.md).
+    @functools.partial(tf.function, jit_compile=True)
+    def gradient(src, tgt_in, tgt_out, seed, count, label_smoothing) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        # (Bs, Sb), (Bs, Tb), (Bs, Tb) int32 -> (this replica's share sum_local / count, its fp32 gradients)
+        with tf.GradientTape() as tape, recording():
+            logits = forward_logits(model, src, tgt_in, seed)                              # (Bs, Tb, V) float32
+            share = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id, count=count)
+        # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
+        return share, [tf.convert_to_tensor(g) for g in tape.gradient(share, list(model.params.values()))]
+
+    def replica(*ids: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        # in replica context: its dropout seed (2,) int64 from its own stream of the generator (impl_tf.train_dp)
+        return gradient(*ids, state.rng.make_seeds(1)[:, 0], count, scalars["label_smoothing"])
+
+    shares, grads = strategy.run(replica, args=(src, tgt_in, tgt_out))
+    params = model.params
+    # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
+    grads = strategy.extended.batch_reduce_to(SUM, list(zip(grads, params.values(), strict=True)))
+    for (name, p), g in zip(params.items(), grads, strict=True):
+        # fn(p's copy on a device, that device's g, m, v): the same update on the same values in every replica
+        update = lambda p, g, m, v, s, n=name: adam_update(  # noqa: E731
+            {n: p}, {n: g}, TrainState(None, None, {n: m}, {n: v}, None), scalars=s)
+        strategy.extended.update(p, update, args=(g, state.m[name], state.v[name], scalars), group=False)
+    loss = strategy.reduce(SUM, shares, axis=None)                                       # () the sum of the shares
+    return loss, [strategy.experimental_local_results(g)[0] for g in grads]
+
+
 # ----------------------------------------------------------------- internals
 
 def _batch(model: Transformer, src, tgt_in, tgt_out) -> tuple[tuple[int, int, int], tuple[tf.Tensor, ...]]:
@@ -200,25 +182,13 @@ def _lm_batch(model: LanguageModel, tokens) -> tuple[tuple[int, int], tuple[tf.T
     return size, (device_ids(tokens, *size, c.pad_id),)
 
 
-def _check_state(model: Model, state: TrainState) -> None:
-    """``state``'s moments must have the model's parameter names, in its order, and shapes."""
-    for k in ("m", "v"):
-        moments = getattr(state, k)
-        for i, (have, want) in enumerate(itertools.zip_longest(moments, model.params)):
-            if have != want:
-                raise ValueError(f"train state: {k}'s parameter {i} is {have!r}, the model's is {want!r}")
-            if moments[have].shape != model.params[want].shape:
-                raise ValueError(f"train state: {k}.{have} has shape {tuple(moments[have].shape)}, the parameter "
-                                 f"{tuple(model.params[want].shape)}")
-
-
 def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...],
                label_smoothing: float, rng=None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """The entry points' (loss, {canonical name: gradient}) of a padded ``batch`` (``_inputs_targets``), by the program
     ``name`` for its buckets ``size``; ``rng`` as ``LanguageModel.forward``'s."""
     seed = [] if rng is None else [stateless_seed(rng)]
     fn = lambda batch, *args: _loss_and_gradients(model, *_inputs_targets(model, batch), *args)  # noqa: E731
-    loss, grads = _compiled(model, name + (" with dropout" if seed else ""), fn, None, size)(
+    loss, grads = compiled(model, name + (" with dropout" if seed else ""), fn, None, size)(
         batch, tf.constant(label_smoothing, tf.float32), *seed)
     return loss, dict(zip(model.params, grads, strict=True))
 
@@ -226,7 +196,7 @@ def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.T
 def _step(model: Model, state: TrainState, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...]
           ) -> tuple[tf.Tensor, Model, TrainState]:
     """The train steps' compiled step ``name`` on a padded ``batch`` (``_inputs_targets``) for its buckets ``size``."""
-    step = _compiled(model, name, lambda *args: _train_step(model, *args), None, size)
+    step = compiled(model, name, lambda *args: _train_step(model, *args), None, size)
     loss = step(batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
     state.step.assign_add(1)
     return loss, model, state
@@ -248,7 +218,7 @@ def _loss_and_gradients(model: Model, inputs: tuple[tf.Tensor, ...], tgt_out: tf
     """(loss () float32, fp32 gradients in schema order) of the model's forward on padded ``inputs`` against
     ``tgt_out`` (``_inputs_targets``), traced inside a tf.function; its records go to a dict of this trace's own.
     ``rng`` as ``layers.dropout``'s."""
-    forward = lm._forward if model.config.decoder_only else _forward
+    forward = lm.forward_logits if model.config.decoder_only else forward_logits
     with tf.GradientTape() as tape, recording():
         logits = forward(model, *inputs, rng)                                            # (B, T, V) float32
         loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32

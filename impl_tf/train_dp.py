@@ -5,18 +5,18 @@
 Engine. ``tf.distribute.MirroredStrategy`` over N devices of this process: the first N GPUs where TensorFlow sees
 GPUs, else N logical CPU devices, which ``main`` makes of the CPU before TensorFlow's runtime starts. The model and
 the train state are created in ``strategy.scope()``, so every variable (weights, Adam's moments, the step, the
-dropout generator's state) is a ``MirroredVariable``, one copy per device. A step is one ``tf.function``: the global
-batch's ``spec.data_parallel.shard`` of each replica (``experimental_distribute_values_from_function``, by
-``replica_id_in_sync_group``, padded to the batch bucket of B/N rows and the global batch's length buckets) goes to
-``strategy.run`` of a per-replica XLA program (``jit_compile=True``: the forward and ``tf.GradientTape``'s
-gradients of ``impl_tf.train``); the strategy's cross-device ops all-reduce the gradients
-(``strategy.extended.batch_reduce_to``, SUM, onto the variables' devices: TensorFlow's collective all-reduce) and
-``strategy.extended.update`` applies ``impl_tf.train``'s Adam to each device's copy, the same arithmetic on the same
-values in every replica. One process, so ``world`` is N, ``rank`` 0, ``chief`` True and ``barrier`` a no-op;
-``--data-parallel 1`` is the same program on a strategy of one device. Several hosts (untested here): one process
-per host, each with ``TF_CONFIG`` naming the cluster's "worker" tasks and its own index (worker 0 is the chief), and
-``--data-parallel`` the total replica count; ``DataParallel`` then uses ``MultiWorkerMirroredStrategy``, whose
-collectives span the hosts.
+dropout generator's state) is a ``MirroredVariable``, one copy per device. A step is one ``tf.function``
+(``impl_tf.train.mirrored_step``): the global batch's ``spec.data_parallel.shard`` of each replica
+(``experimental_distribute_values_from_function``, by ``replica_id_in_sync_group``, padded to the batch bucket of B/N
+rows and the global batch's length buckets) goes to ``strategy.run`` of a per-replica XLA program
+(``jit_compile=True``: the forward and ``tf.GradientTape``'s gradients of ``impl_tf.train``); the strategy's
+cross-device ops all-reduce the gradients (``strategy.extended.batch_reduce_to``, SUM, onto the variables' devices:
+TensorFlow's collective all-reduce) and ``strategy.extended.update`` applies ``impl_tf.train``'s Adam to each
+device's copy, the same arithmetic on the same values in every replica. One process, so ``world`` is N, ``rank`` 0,
+``chief`` True and ``barrier`` a no-op; ``--data-parallel 1`` is the same program on a strategy of one device.
+Several hosts (untested here): one process per host, each with ``TF_CONFIG`` naming the cluster's "worker" tasks and
+its own index (worker 0 is the chief), and ``--data-parallel`` the total replica count; ``DataParallel`` then uses
+``MultiWorkerMirroredStrategy``, whose collectives span the hosts.
 
 Loss. Replica r computes the label-smoothed loss of its shard summed over its non-pad targets and divided by the
 *global* batch's ``token_count`` N (``impl_tf.train.smoothed_loss`` with ``count``), so the replicas' shares, and
@@ -37,7 +37,6 @@ holds that state (its "rng"), so a resumed run draws the masks the uninterrupted
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -49,14 +48,11 @@ import tensorflow as tf
 
 import impl_tf
 from impl_tf import train
-from impl_tf.model import _forward
 from impl_tf.numerics import numerics_scope
 from spec import data_parallel, data_parallel_cli, weights_io
 from spec.data_parallel import Batch, Options
-from spec.recording import recording
 
 MODULE = "impl_tf.train_dp"
-SUM = tf.distribute.ReduceOp.SUM
 
 
 class DataParallel:
@@ -96,8 +92,10 @@ class DataParallel:
         with self.strategy.scope():  # variables made here are mirrored, one copy per device
             self.model = impl_tf.Transformer(o.config, seed=o.seed)
             self.state = impl_tf.init_train_state(self.model, o.train_config, seed=o.seed)
-        # ``_step`` as one tf.function: traced for the first bucket, shape-polymorphic from the second.
-        self._program = tf.function(lambda *args: _step(self, *args), reduce_retracing=True)
+        # ``impl_tf.train.mirrored_step`` as one tf.function: traced for the first bucket, shape-polymorphic from the
+        # second.
+        self._program = tf.function(lambda *args: train.mirrored_step(self.model, self.state, self.strategy, *args),
+                                    reduce_retracing=True)
 
     def step(self, batch: Batch, keep_gradient: bool) -> tuple[float, dict[str, np.ndarray] | None]:
         """One Adam step on the global batch src (B, S), tgt_in (B, T), tgt_out (B, T) int64, replica r computing on
@@ -160,7 +158,7 @@ class DataParallel:
         """Returns once every process has reached it: at once with one process (its devices run one program),
         else after an all-reduce that every worker joins."""
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            self.strategy.reduce(SUM, self.strategy.run(lambda: tf.constant(1.0)), axis=None)
+            self.strategy.reduce(train.SUM, self.strategy.run(lambda: tf.constant(1.0)), axis=None)
 
     def _shards(self, batch: Batch) -> tuple[Any, Any, Any]:
         """The global batch checked, each replica's ``shard`` padded with ``pad_id`` to the batch bucket of B/N rows
@@ -227,43 +225,6 @@ def _devices(n: int) -> None:
             raise SystemExit(f"{MODULE}: --data-parallel {n}, but TensorFlow's runtime already started in this "
                              f"process with {have} CPU device(s); run the command in a process of its own, or call "
                              f"tf.config.set_logical_device_configuration before TensorFlow starts") from None
-
-
-
-def _step(dp: DataParallel, src: Any, tgt_in: Any, tgt_out: Any, count: tf.Tensor, scalars: dict[str, tf.Tensor]
-          ) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """The step in cross-replica context on per-replica ids (``_shards``), ``count`` () float32 the global batch's
-    non-pad targets and the step's fp32 ``scalars`` (``impl_tf.train.adam_scalars``): per-replica shares and
-    gradients, their all-reduce, Adam on every copy; -> (the global loss () float32, the global gradients in schema
-    order, fp32, each its parameter's shape)."""
-    model, state, strategy = dp.model, dp.state, dp.strategy
-
-    # One XLA program per replica (a MirroredStrategy traces it once per device, XLA compiles each concrete shape):
-    # the layers' bf16 products are written for XLA (impl_tf.numerics), and it is faster (docs/decisions-tf.md).
-    @functools.partial(tf.function, jit_compile=True)
-    def gradient(src, tgt_in, tgt_out, seed, count, label_smoothing) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        # (Bs, Sb), (Bs, Tb), (Bs, Tb) int32 -> (this replica's share sum_local / count, its fp32 gradients)
-        with tf.GradientTape() as tape, recording():
-            logits = _forward(model, src, tgt_in, seed)                                    # (Bs, Tb, V) float32
-            share = train.smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id, count=count)
-        # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
-        return share, [tf.convert_to_tensor(g) for g in tape.gradient(share, list(model.params.values()))]
-
-    def replica(*ids: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        # in replica context: its dropout seed (2,) int64 from its own stream of the generator (module docstring)
-        return gradient(*ids, state.rng.make_seeds(1)[:, 0], count, scalars["label_smoothing"])
-
-    shares, grads = strategy.run(replica, args=(src, tgt_in, tgt_out))
-    params = model.params
-    # The engine's all-reduce: each gradient summed over the replicas and placed on its variable's devices.
-    grads = strategy.extended.batch_reduce_to(SUM, list(zip(grads, params.values(), strict=True)))
-    for (name, p), g in zip(params.items(), grads, strict=True):
-        # fn(p's copy on a device, that device's g, m, v): the same update on the same values in every replica
-        update = lambda p, g, m, v, s, n=name: train.adam_update(  # noqa: E731
-            {n: p}, {n: g}, train.TrainState(None, None, {n: m}, {n: v}, None), scalars=s)
-        strategy.extended.update(p, update, args=(g, state.m[name], state.v[name], scalars), group=False)
-    loss = strategy.reduce(SUM, shares, axis=None)                                       # () the sum of the shares
-    return loss, [strategy.experimental_local_results(g)[0] for g in grads]
 
 
 if __name__ == "__main__":

@@ -45,3 +45,12 @@ def tokens():
         return ids
 
     return make
+
+
+@pytest.fixture(scope="session")
+def copy_task():
+    """(src, tgt_in, tgt_out): 4 sequences y of 6 ordinary tokens to copy, src = tgt_out = y + EOS, tgt_in = BOS + y
+    (ids of every tiny config)."""
+    y = np.random.default_rng(0).integers(3, CONFIG.vocab_size, (4, 6))
+    src = np.concatenate([y, np.full((4, 1), CONFIG.eos_id)], 1)
+    return src, np.concatenate([np.full((4, 1), CONFIG.bos_id), y], 1), src

@@ -1,7 +1,8 @@
 """Training (``spec.training``; sections 5.3, 5.4) in impl_tf: gradients against ``spec.backward``, judged by
 ``spec.tolerance``'s training policy (the measured margins: docs/decisions-tf.md, "Training conformance margins");
-the dtypes of a step, dropout in a step, a model that learns, the train-state file, bad input, no global state.
-Adam's steps against ``spec.training.adam_update`` are conformance's (the golden training cases).
+the dtypes of a step, dropout in a step, a model that learns, bad input, no global state (the train state and its
+file: test_train_state.py). Adam's steps against ``spec.training.adam_update`` are conformance's (the golden
+training cases).
 
 The models compile once per test module; tests that train put the weights back with ``_restore`` rather than
 building a new model.
@@ -19,7 +20,6 @@ import tensorflow as tf
 import impl_tf
 import spec
 from spec import backward, golden_training, tolerance
-from spec import train_state_io as spec_io
 from spec.numerics import Numerics
 from spec.training import TrainConfig
 
@@ -45,13 +45,6 @@ def _restore(model: impl_tf.Transformer, params: dict[str, np.ndarray]) -> None:
     """Put canonical ``params`` back into the model's variables (keeps its compiled functions)."""
     for name, var in model.params.items():
         var.assign(params[name])
-
-
-def _copy_task() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """4 sequences of 6 ordinary tokens to copy: src = y + EOS, tgt_in = BOS + y, tgt_out = y + EOS."""
-    y = np.random.default_rng(0).integers(3, BF16.vocab_size, (4, 6))
-    src = np.concatenate([y, np.full((4, 1), BF16.eos_id)], 1)
-    return src, np.concatenate([np.full((4, 1), BF16.bos_id), y], 1), src
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +115,10 @@ def test_mixed_gradients_are_the_master_weights(params32):
 # ----------------------------------------------------------------- Adam
 
 @pytest.mark.parametrize("options", [{}, OPTIONS], ids=["paper", "options"])
-def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16, options):
+def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16, options, copy_task):
     """Both dtypes bf16: the moments fp32, the updated weights bf16, every weight moved, the options' too but the
     zero-initialised b_k, whose gradient is rounding noise (q . b_k adds alike to all of a query's scores)."""
-    src, tgt_in, tgt_out = _copy_task()
+    src, tgt_in, tgt_out = copy_task
     _restore(model_bf16, params_bf16)
     model = impl_tf.Transformer(BF16.replace(**options), seed=0) if options else model_bf16
     before, state = impl_tf.params_of(model), impl_tf.init_train_state(model, TC)
@@ -138,10 +131,10 @@ def test_pure_bf16_step_keeps_dtypes(model_bf16, params_bf16, options):
 
 # ----------------------------------------------------------------- dropout
 
-def test_train_step_masks_come_from_the_state(model_bf16, params_bf16):
+def test_train_step_masks_come_from_the_state(model_bf16, params_bf16, copy_task):
     """Equal states and seeds give bit-identical steps, whatever TensorFlow's global RNG does in between; another
     seed gives other masks, so another loss and other weights."""
-    src, tgt_in, tgt_out = _copy_task()
+    src, tgt_in, tgt_out = copy_task
 
     def two_steps(seed: int) -> tuple[list[float], dict[str, np.ndarray]]:
         _restore(model_bf16, params_bf16)
@@ -160,9 +153,9 @@ def test_train_step_masks_come_from_the_state(model_bf16, params_bf16):
 
 # ----------------------------------------------------------------- learning
 
-def test_model_learns_a_copy_task(model_bf16, params_bf16):
+def test_model_learns_a_copy_task(model_bf16, params_bf16, copy_task):
     """Pure bf16, dropout 0.1: 100 steps on 4 fixed sequences take the loss below half its first value."""
-    src, tgt_in, tgt_out = _copy_task()
+    src, tgt_in, tgt_out = copy_task
     _restore(model_bf16, params_bf16)
     state = impl_tf.init_train_state(model_bf16, TrainConfig(warmup_steps=20), seed=0)
     start = time.perf_counter()
@@ -171,10 +164,10 @@ def test_model_learns_a_copy_task(model_bf16, params_bf16):
     assert np.isfinite(losses).all() and losses[-1] < 0.5 * losses[0]
 
 
-def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16, params_bf16, tmp_path):
+def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16, params_bf16, copy_task, tmp_path):
     """``tf.Module`` walks every attribute, the compiled functions' table too, to list variables (``params``,
     ``save_weights``): decoding, then a training step of a new shape, must leave that walk working."""
-    src, tgt_in, tgt_out = _copy_task()
+    src, tgt_in, tgt_out = copy_task
     _restore(model_bf16, params_bf16)
     impl_tf.greedy_search(model_bf16, src, max_new_tokens=3)
     state = impl_tf.init_train_state(model_bf16, TC, seed=0)
@@ -182,46 +175,6 @@ def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16,
     assert list(model_bf16.params) == list(params_bf16)
     impl_tf.save_weights(model_bf16, tmp_path / "model.safetensors")
     _restore(model_bf16, params_bf16)
-
-
-# ----------------------------------------------------------------- the train-state file
-
-@pytest.mark.parametrize("options", [{}, OPTIONS], ids=["paper", "options"])
-def test_save_and_load_continue_bit_for_bit(model_bf16, params_bf16, options, tmp_path):
-    """Going on from a saved and loaded state (dropout on: the RNG matters) gives the same weights, bit for bit."""
-    src, tgt_in, tgt_out = _copy_task()
-    _restore(model_bf16, params_bf16)
-    model = impl_tf.Transformer(BF16.replace(**options), seed=0) if options else model_bf16
-    state = impl_tf.init_train_state(model, TC, seed=7)
-    impl_tf.train_step(model, state, src, tgt_in, tgt_out)
-    impl_tf.save_train_state(state, tmp_path / "state.safetensors")
-    weights = impl_tf.params_of(model)
-    impl_tf.train_step(model, state, src, tgt_in, tgt_out)
-    want = impl_tf.params_of(model)
-
-    _restore(model, weights)
-    loaded = impl_tf.load_train_state(tmp_path / "state.safetensors", model)
-    assert int(loaded.step) == 1 and loaded.train_config == TC
-    impl_tf.train_step(model, loaded, src, tgt_in, tgt_out)
-    got = impl_tf.params_of(model)
-    assert all(want[k].tobytes() == got[k].tobytes() for k in want)
-    assert all(np.array_equal(state.m[k].numpy(), loaded.m[k].numpy()) for k in state.m)
-    np.testing.assert_array_equal(state.rng.state.numpy(), loaded.rng.state.numpy())
-
-
-def test_load_another_frameworks_state(model32, tmp_path):
-    """A file written by another framework: moments, step and config kept, the RNG seeded from 0 with a warning."""
-    names = list(model32.params)
-    rng = np.random.default_rng(0)
-    m = {k: rng.standard_normal(p.shape).astype(np.float32) for k, p in model32.params.items()}
-    spec_io.save(tmp_path / "torch.safetensors",
-                 spec_io.StoredState(m, m, 5, TC, np.zeros(16, np.uint8), "torch"))
-    with pytest.warns(UserWarning, match="dropout masks will differ"):
-        state = impl_tf.load_train_state(tmp_path / "torch.safetensors", model32)
-    assert list(state.m) == names and int(state.step) == 5 and state.train_config == TC
-    assert all(np.array_equal(state.v[k].numpy(), m[k]) for k in names)
-    fresh = impl_tf.init_train_state(model32, seed=0)
-    np.testing.assert_array_equal(state.rng.state.numpy(), fresh.rng.state.numpy())
 
 
 # ----------------------------------------------------------------- bad input
@@ -240,22 +193,6 @@ def test_bad_batches_raise_before_computing(model32):
             f(src.astype(np.float32), tgt_in, tgt_out)
     assert int(state.step) == 0
     assert all(np.array_equal(p, before[k]) for k, p in impl_tf.params_of(model32).items())
-
-
-def test_state_of_another_model_and_bad_seeds(model32, tmp_path):
-    other = impl_tf.Transformer(F32.replace(d_ff=40), seed=0)  # variables only: nothing compiles
-    src, tgt_in, tgt_out = _batches(F32)[0]
-    with pytest.raises(ValueError, match=r"train state: m.encoder.layers.0.ffn.w_1 has shape \(32, 40\)"):
-        impl_tf.train_step(model32, impl_tf.init_train_state(other), src, tgt_in, tgt_out)
-    fewer = impl_tf.Transformer(F32.replace(n_decoder_layers=1), seed=0)
-    with pytest.raises(ValueError, match="train state: m's parameter"):
-        impl_tf.train_step(model32, impl_tf.init_train_state(fewer), src, tgt_in, tgt_out)
-    impl_tf.save_train_state(impl_tf.init_train_state(other), tmp_path / "other.safetensors")
-    with pytest.raises(ValueError, match="moment 'm.encoder.layers.0.ffn.w_1' is float32 \\(32, 40\\)"):
-        impl_tf.load_train_state(tmp_path / "other.safetensors", model32)
-    for seed in (-1, 1.0, True, "0", None):
-        with pytest.raises(ValueError, match="seed must be a non-negative int"):
-            impl_tf.init_train_state(model32, seed=seed)
 
 
 # ----------------------------------------------------------------- no global state

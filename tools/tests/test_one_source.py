@@ -14,32 +14,11 @@ from spec.api import BACKENDS
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("spec", "impl_torch", "impl_jax", "impl_tf", "conformance", "text", "tools", "bench", "certify")
 
-# Private names used across modules that stay for now, each group with its reason. The test also fails on an entry
-# that no longer occurs, so the list only shrinks.
+# Private names used across modules that stay, each with its reason. The test also fails on an entry that no longer
+# occurs, so the list only shrinks.
 ALLOWED_PRIVATE = {
-    # Each impl's model.py holds what its search, sampling, language model and training share of the model's
-    # unchecked internals (the encoder, the decoder over a cache, the cache, tf's compiled programs and forward).
-    *(f"impl_torch/{m}.py: impl_torch.model.{n}" for m, names in {
-        "lm": "_decode _empty_cache", "sampling": "_decode", "search": "_decode _encode _init_cache"}.items()
-      for n in names.split()),
-    "impl_torch/sampling.py: impl_torch.lm._init_cache",
-    *(f"impl_jax/{m}.py: impl_jax.model.{n}" for m, names in {
-        "lm": "_decode _empty_cache _weights", "sampling": "_decode _empty_cache",
-        "search": "_decode _encode _init_cache"}.items() for n in names.split()),
-    *(f"impl_tf/{m}.py: impl_tf.model.{n}" for m, names in {
-        "lm": "_decode _empty_cache _model_fields _run_forward", "sampling": "_compiled _decode _empty_cache",
-        "search": "_compiled _decode _encode _init_cache", "train": "_compiled _forward",
-        "train_dp": "_forward"}.items() for n in names.split()),
-    "impl_tf/train.py: impl_tf.lm._forward",
-    # The impls' unit tests check internals the public API reaches only through its input checks.
-    "impl_jax/tests/test_lm.py: impl_jax.sampling._generate", "impl_jax/tests/test_model.py: impl_jax.model._forward",
-    "impl_jax/tests/test_model.py: impl_jax.model._compiled", "impl_jax/tests/test_search.py: impl_jax.search._greedy",
-    "impl_jax/tests/test_search.py: impl_jax.search._beam", "impl_torch/tests/test_search.py: impl_torch.search._top",
     # A mutant replaces one of the reference's internals on purpose: that is what it is for.
     "conformance/mutations_lm.py: spec.sampling._sample_row",
-    # Lowering needs the model's unchecked internals, which the public API (input checks first, in Python) does not
-    # expose: the profile lowers jax's compiled training step.
-    "bench/profile.py: impl_jax.train._train_step",
 }
 # Lists of the backends written out where spec.api cannot be imported, or in files this check does not own yet.
 ALLOWED_LISTS = {

@@ -42,16 +42,8 @@ from impl_jax.numerics import XLA_OPTIONS
 from impl_jax.sampling import generate
 from impl_jax.search import beam_search, greedy_search
 from impl_jax.stacks import KVCache
-from impl_jax.train import (
-    TrainState,
-    init_train_state,
-    lm_loss_and_gradients,
-    lm_train_step,
-    load_train_state,
-    loss_and_gradients,
-    save_train_state,
-    train_step,
-)
+from impl_jax.train import lm_loss_and_gradients, lm_train_step, loss_and_gradients, train_step
+from impl_jax.train_state import TrainState, init_train_state, load_train_state, save_train_state
 from impl_jax.weights import from_params, load_weights, params_of, save_weights
 
 __version__ = "0.2.0"

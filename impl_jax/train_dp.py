@@ -54,7 +54,7 @@ from jax.sharding import PartitionSpec as P
 import impl_jax
 from impl_jax import numerics, train
 from impl_jax.model import Transformer, log
-from impl_jax.train import TrainState
+from impl_jax.train_state import TrainState
 from impl_jax.weights import canonical
 from spec import data_parallel, data_parallel_cli
 from spec.data_parallel import Batch, Options

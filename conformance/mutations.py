@@ -1,7 +1,7 @@
 """The mutants of the mutation test (``conformance.mutants``): plausible bugs of the paper's model and of decoding,
-each a replacement for a function or method of ``spec.reference`` (its ``layers`` and ``model``) or ``spec.search``,
-which the reference looks up at call time (training's: ``conformance.mutations_training``). ``resolve`` finds the
-target of any module's mutant.
+each a replacement for a function or method of ``spec.reference`` (its ``layers``, ``stacks`` and ``model``) or
+``spec.search``, which the reference looks up at call time (training's: ``conformance.mutations_training``).
+``resolve`` finds the target of any module's mutant.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import numpy as np
 
 from spec import backward, backward_layers, sampling, search, training
 from spec.numerics import MASKED_SCORE
-from spec.reference import layers, model
+from spec.reference import layers, model, stacks
 from spec.reference.numerics import linear
 
-_ROOTS = {"layers": layers, "model": model, "search": search, "training": training, "backward": backward,
-          "backward_layers": backward_layers, "sampling": sampling}
+_ROOTS = {"layers": layers, "stacks": stacks, "model": model, "search": search, "training": training,
+          "backward": backward, "backward_layers": backward_layers, "sampling": sampling}
 
 
 def resolve(path: str):
@@ -28,8 +28,8 @@ def resolve(path: str):
 
 _original = {target: resolve(target) for target in (
     "layers.positional_encoding", "layers.Embedder.encode", "layers.Embedder.decode",
-    "layers.scaled_dot_product_attention", "layers.LayerNorm.__init__", "layers.EncoderLayer.__init__",
-    "layers.DecoderLayer.__init__", "search.length_penalty", "search.greedy_search",
+    "layers.scaled_dot_product_attention", "layers.LayerNorm.__init__", "stacks.EncoderLayer.__init__",
+    "stacks.DecoderLayer.__init__", "search.length_penalty", "search.greedy_search",
     "training.label_smoothed_cross_entropy", "training.loss_gradient", "training.adam_update",
     "backward_layers.accumulate")}
 
@@ -97,16 +97,16 @@ class _AttendsToDecoder:
 
 
 def _cross_attention_from_decoder(self, params, prefix, c, nx):
-    _original["layers.DecoderLayer.__init__"](self, params, prefix, c, nx)
+    _original["stacks.DecoderLayer.__init__"](self, params, prefix, c, nx)
     self.cross_attn = _AttendsToDecoder(self.cross_attn)
 
 
 def _pre_ln_encoder_layer(self, params, prefix, c, nx):
-    _original["layers.EncoderLayer.__init__"](self, params, prefix, c.replace(norm_first=True), nx)
+    _original["stacks.EncoderLayer.__init__"](self, params, prefix, c.replace(norm_first=True), nx)
 
 
 def _pre_ln_decoder_layer(self, params, prefix, c, nx):
-    _original["layers.DecoderLayer.__init__"](self, params, prefix, c.replace(norm_first=True), nx)
+    _original["stacks.DecoderLayer.__init__"](self, params, prefix, c.replace(norm_first=True), nx)
 
 
 def _gelu(x):
@@ -139,12 +139,12 @@ class _ResidualInFp32:
 
 
 def _residual_in_fp32_encoder(self, params, prefix, c, nx):
-    _original["layers.EncoderLayer.__init__"](self, params, prefix, c, nx)
+    _original["stacks.EncoderLayer.__init__"](self, params, prefix, c, nx)
     self.nx = _ResidualInFp32(nx)
 
 
 def _residual_in_fp32_decoder(self, params, prefix, c, nx):
-    _original["layers.DecoderLayer.__init__"](self, params, prefix, c, nx)
+    _original["stacks.DecoderLayer.__init__"](self, params, prefix, c, nx)
     self.nx = _ResidualInFp32(nx)
 
 
@@ -199,18 +199,18 @@ MUTANTS: dict[str, tuple] = {
     "embedding_not_scaled_by_sqrt_d_model": ("layers.Embedder.encode", _embed_unscaled),
     "scores_divided_by_d_k": ("layers.scaled_dot_product_attention", _scale_by_d_k),
     "softmax_without_max_subtraction": ("layers.scaled_dot_product_attention", _softmax_without_max_subtraction),
-    "causal_mask_hides_diagonal": ("model.causal_mask", _causal_hides_diagonal),
-    "cross_attention_kv_from_decoder": ("layers.DecoderLayer.__init__", _cross_attention_from_decoder),
-    "pre_ln_instead_of_post_ln": (("layers.EncoderLayer.__init__", _pre_ln_encoder_layer),
-                                  ("layers.DecoderLayer.__init__", _pre_ln_decoder_layer)),
+    "causal_mask_hides_diagonal": ("stacks.causal_mask", _causal_hides_diagonal),
+    "cross_attention_kv_from_decoder": ("stacks.DecoderLayer.__init__", _cross_attention_from_decoder),
+    "pre_ln_instead_of_post_ln": (("stacks.EncoderLayer.__init__", _pre_ln_encoder_layer),
+                                  ("stacks.DecoderLayer.__init__", _pre_ln_decoder_layer)),
     "relu_replaced_by_gelu": ("layers.FeedForward.forward", _ffn_gelu),
     "ffn_bias_b1_dropped": ("layers.FeedForward.forward", _ffn_without_b1),
     "layer_norm_eps_1e-5": ("layers.LayerNorm.__init__", _layer_norm_eps_1e5),
     "output_projection_not_shared_embedding": ("layers.Embedder.decode", _untied_output),
     "attention_scores_rounded_to_bf16": ("layers.scaled_dot_product_attention", _scores_rounded_to_bf16),
     "logits_rounded_to_bf16": ("layers.Embedder.decode", _logits_rounded_to_bf16),
-    "residual_sum_in_fp32": (("layers.EncoderLayer.__init__", _residual_in_fp32_encoder),
-                             ("layers.DecoderLayer.__init__", _residual_in_fp32_decoder)),
+    "residual_sum_in_fp32": (("stacks.EncoderLayer.__init__", _residual_in_fp32_encoder),
+                             ("stacks.DecoderLayer.__init__", _residual_in_fp32_decoder)),
     "layer_norm_statistics_in_bf16": ("layers.LayerNorm.forward", _layer_norm_statistics_in_activation_dtype),
     "beam_alpha_forced_to_0": ("search.length_penalty", _alpha_forced_to_0),
     "beam_length_penalty_without_eos": ("search.length_penalty", _length_penalty_without_eos),

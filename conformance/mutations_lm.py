@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from spec import sampling
-from spec.reference import model
+from spec.reference import stacks
 
-_original = {"sampling._sample_row": sampling._sample_row, "model.Stack.__init__": model.Stack.__init__}
+_original = {"sampling._sample_row": sampling._sample_row, "stacks.Stack.__init__": stacks.Stack.__init__}
 
 
 def _causal_mask_off_by_one(start, n, length):
@@ -31,7 +31,7 @@ def _descending_ties_to_higher_id(z):
 
 
 def _final_norm_missing(self, params, c, nx, layer, name, n):
-    _original["model.Stack.__init__"](self, params, c, nx, layer, name, n)
+    _original["stacks.Stack.__init__"](self, params, c, nx, layer, name, n)
     self.final_norm = None  # a pre-LN stack's output goes out unnormalised
 
 
@@ -40,10 +40,10 @@ def _uniforms_of_the_framework(seed, batch, steps):
 
 
 LM_MUTANTS: dict[str, tuple] = {
-    "causal_mask_off_by_one": ("model.causal_mask", _causal_mask_off_by_one),
+    "causal_mask_off_by_one": ("stacks.causal_mask", _causal_mask_off_by_one),
     "temperature_after_softmax": ("sampling._sample_row", _temperature_after_softmax),
     "top_p_exclusive_cumsum": ("sampling.top_p_count", _top_p_exclusive_cumsum),
     "top_k_ties_to_higher_id": ("sampling.descending", _descending_ties_to_higher_id),
-    "final_layer_norm_missing": ("model.Stack.__init__", _final_norm_missing),
+    "final_layer_norm_missing": ("stacks.Stack.__init__", _final_norm_missing),
     "sampling_rng_not_the_spec_uniforms": ("sampling.uniforms", _uniforms_of_the_framework),
 }

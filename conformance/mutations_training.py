@@ -77,7 +77,7 @@ def _schedule_without_warmup(step, d_model, warmup_steps, scale=1.0):
 
 # name -> (target, replacement), or a tuple of them, as in ``conformance.mutations.MUTANTS``
 TRAINING_MUTANTS: dict[str, tuple] = {
-    "dropout_after_residual_sum": ("layers.EncoderLayer.forward", _dropout_after_residual_sum),
+    "dropout_after_residual_sum": ("stacks.EncoderLayer.forward", _dropout_after_residual_sum),
     "dropout_left_on_in_evaluation": ("layers.Embedder.encode", _dropout_in_evaluation),
     "label_smoothing_off": (("training.label_smoothed_cross_entropy", _loss_without_label_smoothing),
                             ("training.loss_gradient", _loss_gradient_without_label_smoothing)),

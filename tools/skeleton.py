@@ -11,10 +11,11 @@ classes and each class's methods (in source order, ``Class.method``) and compare
 ratio over those name sequences (1.0 = the same names in the same order; two files without definitions score 1.0). A
 file missing from an impl scores 0 for each pair it is in. The score is the mean over files and pairs;
 ``--min-pair`` bounds the lowest single (file, pair) ratio. The reference (``spec/reference/``) joins the comparison
-for the files where it has the impls' role (``REFERENCE_FILES``: the products, the layers, the model), not for its
-package's functional entry points or the search, whose reference (``spec.search``) traces margins. It reads names
-only: a map of drift, not a verdict on style. Exit status 1 when a threshold is not met, with the table and what
-fell short.
+for the files where it has the impls' role (``REFERENCE_FILES``: the products, the layers, the stacks, the model), not
+for its package's functional entry points or the search, whose reference (``spec.search``) traces margins. It
+reads names only: a map of drift, not a verdict on style. A file holding one framework's machinery only
+(``PARTICULAR_FILES``, each with its reason) is shown, marked ``*``, but not scored. Exit status 1 when a threshold
+is not met, with the table and what fell short.
 
 Signatures: of the definitions that all three impls have (``file:Class.method``), those whose argument names
 differ (in order, positional and keyword; ``PLUMBING`` aside: ``self``, a torch ``device``, ``native_bf16``,
@@ -34,7 +35,11 @@ from pathlib import Path
 
 IMPLS = ("impl_torch", "impl_jax", "impl_tf")
 REFERENCE = "spec/reference"
-REFERENCE_FILES = ("numerics.py", "layers.py", "model.py")
+REFERENCE_FILES = ("numerics.py", "layers.py", "stacks.py", "model.py")
+PARTICULAR_FILES = {  # one framework's machinery, no counterpart to score: shown, marked, not scored
+    "programs.py": "impl_tf's XLA programs shared by the models of one config (jax.jit keeps its own cache; "
+                   "torch runs eagerly)",
+}
 ROOT = Path(__file__).resolve().parents[1]
 PLUMBING = {"self", "cls", "device", "native_bf16", "dtype"}  # framework plumbing, not part of a signature
 
@@ -98,13 +103,14 @@ def ratio(a: list[str] | None, b: list[str] | None) -> float:
 
 def scores(root: Path, impls: tuple[str, ...] = IMPLS) -> list[FileScore]:
     """Every file name present in any impl under ``root``, sorted, with its definitions and pair ratios; for the
-    ``REFERENCE_FILES`` the reference too, where ``root`` has it."""
+    ``REFERENCE_FILES`` the reference too, where ``root`` has it. ``PARTICULAR_FILES`` get no pairs (not scored)."""
     files = sorted({p.name for impl in impls for p in (root / impl).glob("*.py")})
     out = []
     for f in files:
         members = ((REFERENCE,) if f in REFERENCE_FILES and (root / REFERENCE).is_dir() else ()) + impls
         defs = {m: names(root / m / f) if (root / m / f).exists() else None for m in members}
-        out.append(FileScore(f, defs, {(a, b): ratio(defs[a], defs[b]) for a, b in itertools.combinations(members, 2)}))
+        pairs = [] if f in PARTICULAR_FILES else itertools.combinations(members, 2)
+        out.append(FileScore(f, defs, {(a, b): ratio(defs[a], defs[b]) for a, b in pairs}))
     return out
 
 
@@ -121,7 +127,7 @@ def min_pair(files: list[FileScore]) -> float:
 
 def table(files: list[FileScore], show_names: bool = False) -> str:
     """One row per file: definitions per impl ('-' where missing) and the pair ratios; with ``show_names``, the
-    definitions that not every impl holding the file has."""
+    definitions that not every impl holding the file has. ``PARTICULAR_FILES`` are marked ``*``, their reason below."""
     members = ((REFERENCE,) if any(REFERENCE in f.defs for f in files) else ()) + IMPLS
     pairs = list(itertools.combinations(members, 2))
     lines = [f"{'file':<14} {'defs ' + '/'.join(map(_short, members)):>22}  "
@@ -129,7 +135,8 @@ def table(files: list[FileScore], show_names: bool = False) -> str:
     for f in files:
         counts = "/".join("." if m not in f.defs else "-" if f.defs[m] is None else str(len(f.defs[m]))
                           for m in members)
-        lines.append(f"{f.name:<14} {counts:>22}  "
+        mark = "*" if f.name in PARTICULAR_FILES else ""
+        lines.append(f"{f.name + mark:<14} {counts:>22}  "
                      + "  ".join(f"{f.pairs[p]:9.2f}" if p in f.pairs else f"{'':9}" for p in pairs))
         if show_names:
             present = [set(d) for d in f.defs.values() if d is not None]
@@ -138,6 +145,7 @@ def table(files: list[FileScore], show_names: bool = False) -> str:
                 extra = [n for n in d or [] if n not in common]
                 if extra:
                     lines.append(f"  {impl} only: {', '.join(extra)}")
+    lines += [f"* {f.name}: shown, not scored: {PARTICULAR_FILES[f.name]}" for f in files if f.name in PARTICULAR_FILES]
     return "\n".join(lines)
 
 
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         short.append(f"{len(below)} (file, pair) ratio(s) < --min-pair {args.min_pair:.2f}:" + "".join(below))
     if short or args.table:
         print(table(files, args.names))
-    print(f"skeleton score {score:.2f}, lowest pair {low:.2f} over {len(files)} files "
+    print(f"skeleton score {score:.2f}, lowest pair {low:.2f} over {sum(bool(f.pairs) for f in files)} files "
           f"(1.00 = the same definitions in the same order in every impl)")
     print(f"signatures: {len(differ)} shared definitions differ in arguments")
     if short or args.signatures:

@@ -3,7 +3,7 @@
 ``Numerics("exact")`` computes in float64 and never rounds; ``Numerics("bfloat16")`` and ``Numerics("float32")``
 round exactly where ``spec.numerics`` says. Arrays are float64 throughout (holding values representable in the
 dtype they were last rounded to). The package has the files and classes of the impls' skeleton
-(``numerics``, ``layers``, ``model``); this module adds the functional entry points the spec's tools use, in
+(``numerics``, ``layers``, ``stacks``, ``model``); this module adds the functional entry points the spec's tools use, in
 the layouts of ``spec.shapes`` (keys and values (B, S, H, K), masks (B|1, 1, 1|T, S)).
 """
 
@@ -13,11 +13,12 @@ import numpy as np
 
 from spec.config import Config
 from spec.numerics import Numerics
-from spec.reference import layers
+from spec.reference import layers, stacks
 from spec.reference.layers import Params, positional_encoding
 from spec.reference.lm import LanguageModel
-from spec.reference.model import KVCache, Transformer, causal_mask, key_padding_mask
+from spec.reference.model import Transformer
 from spec.reference.numerics import round_to
+from spec.reference.stacks import KVCache, causal_mask, key_padding_mask
 
 __all__ = [
     "KVCache", "LanguageModel", "Params", "Transformer", "as_float64", "causal_mask",
@@ -77,9 +78,9 @@ def run_layer(layer: str, params: Params, prefix: str, inputs: dict[str, np.ndar
     if layer == "feed_forward":
         return {"out": layers.FeedForward(params, prefix, c.activation, nx).forward(i["x"])}
     if layer == "encoder_layer":
-        return {"out": layers.EncoderLayer(params, prefix, c, nx).forward(i["x"], i["mask"][:, 0])}
+        return {"out": stacks.EncoderLayer(params, prefix, c, nx).forward(i["x"], i["mask"][:, 0])}
     if layer == "decoder_layer":
-        dec = layers.DecoderLayer(params, prefix, c, nx)
+        dec = stacks.DecoderLayer(params, prefix, c, nx)
         (B, T), H = i["y"].shape[:2], c.n_heads
         self_kv = (np.zeros((B, H, T, c.d_k)), np.zeros((B, H, T, c.d_v)))
         out, _ = dec.forward(i["y"], self_kv, i["self_mask"][:, 0], dec.cross_attn.project_kv(i["memory"]),

@@ -12,7 +12,8 @@ from spec.config import Config
 from spec.numerics import Numerics
 from spec.recording import recording
 from spec.reference.layers import Embedder, Params, Rng
-from spec.reference.model import Decoder, KVCache, decode
+from spec.reference.model import decode
+from spec.reference.stacks import Decoder, KVCache
 
 
 class LanguageModel:

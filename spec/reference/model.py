@@ -1,4 +1,4 @@
-"""The Transformer (Vaswani et al., 2017) in NumPy: encoder and decoder stacks over ``spec.reference.layers``.
+"""The Transformer (Vaswani et al., 2017) in NumPy: the embeddings and the stacks of ``spec.reference.stacks``.
 
 The decoder has one code path: ``decode`` consumes ``n`` new target tokens against a ``KVCache`` of
 everything before them. A full forward is one call with all T tokens and an empty cache; incremental decoding
@@ -9,89 +9,15 @@ is T calls of one token. Intermediates are recorded through ``spec.recording`` u
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 import numpy as np
 
 from spec import validate
 from spec.config import Config
 from spec.numerics import Numerics
-from spec.recording import record, recording, scope
-from spec.reference.layers import DecoderLayer, Embedder, EncoderLayer, LayerNorm, Params, Rng, dropout
-
-
-@dataclasses.dataclass
-class KVCache:
-    """The decoder state (``spec.api``): per decoder layer the self-attention buffer ``self_kv`` (k (B, H, P, K),
-    v (B, H, P, C)) written at positions < ``length``, ``key_mask`` (B, P) True at a written non-pad position,
-    the encoder output's cross-attention ``memory_kv`` (k (B, H, S, K), v (B, H, S, C)) and ``memory_mask``
-    (B, S); a decoder-only model's has ``memory_kv`` [] and ``memory_mask`` None. ``decode`` writes it in place and
-    returns it."""
-
-    self_kv: list[tuple[np.ndarray, np.ndarray]]
-    key_mask: np.ndarray
-    memory_kv: list[tuple[np.ndarray, np.ndarray]]
-    memory_mask: np.ndarray
-    length: int
-
-
-def key_padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
-    """(B, L) ids -> (B, L) bool, True where the token is not padding."""
-    return ids != pad_id
-
-
-def causal_mask(start: int, n: int, length: int) -> np.ndarray:
-    """(1, n, length) bool: the query at position start + i may attend key j <= start + i."""
-    q_pos = np.arange(start, start + n)[:, None]
-    return (np.arange(length)[None, :] <= q_pos)[None]
-
-
-class Stack:
-    """``n`` layers of one kind under the canonical prefix ``name``, and the final LayerNorm of a pre-LN model
-    (section 3.1): what the encoder and decoder stacks share."""
-
-    def __init__(self, params: Params, c: Config, nx: Numerics, layer: type, name: str, n: int):
-        self.layers = [layer(params, f"{name}.layers.{i}", c, nx) for i in range(n)]
-        self.final_norm = LayerNorm(params, f"{name}.final_norm", c.layer_norm_eps, nx) if c.norm_first else None
-
-
-class Encoder(Stack):
-    """The encoder stack (section 3.1), and the final LayerNorm of a pre-LN model."""
-
-    def __init__(self, params: Params, c: Config, nx: Numerics):
-        super().__init__(params, c, nx, EncoderLayer, "encoder", c.n_encoder_layers)
-
-    def forward(self, x: np.ndarray, mask: np.ndarray, rng: Rng = None) -> np.ndarray:
-        """x (B, S, D), mask (B, 1, S) -> memory (B, S, D); dropout from ``rng``."""
-        for i, layer in enumerate(self.layers):
-            with scope(f"encoder.layers.{i}"):
-                x = record("out", layer.forward(x, mask, rng))
-        return x if self.final_norm is None else self.final_norm.forward(x)
-
-
-class Decoder(Stack):
-    """The decoder stack (section 3.1), and the final LayerNorm of a pre-LN model."""
-
-    def __init__(self, params: Params, c: Config, nx: Numerics):
-        super().__init__(params, c, nx, DecoderLayer, "decoder", c.n_decoder_layers)
-
-    def forward(self, y: np.ndarray, cache: KVCache, rng: Rng = None) -> tuple[np.ndarray, KVCache]:
-        """n new positions y (B, n, D) at ``cache.length``.. (their ``key_mask`` written) -> (h (B, n, D), cache);
-        dropout from ``rng``.
-
-        Self-attention sees every earlier position and the new ones causally, minus padding keys.
-        """
-        start, end = cache.length, cache.length + y.shape[1]
-        self_mask = causal_mask(start, y.shape[1], end) & cache.key_mask[:, None, :end]      # (B, n, end)
-        memory_mask = None if cache.memory_mask is None else cache.memory_mask[:, None]      # (B, 1, S)
-        for i, layer in enumerate(self.layers):
-            with scope(f"decoder.layers.{i}"):
-                memory_kv = cache.memory_kv[i] if cache.memory_kv else None                  # decoder-only: none
-                y, cache.self_kv[i] = layer.forward(y, cache.self_kv[i], self_mask, memory_kv, memory_mask, start,
-                                                    rng)
-                record("out", y)
-        cache.length = end
-        return (y if self.final_norm is None else self.final_norm.forward(y)), cache
+from spec.recording import record, recording
+from spec.reference.layers import Embedder, Params, Rng, dropout
+from spec.reference.stacks import Decoder, Encoder, KVCache, key_padding_mask
 
 
 class Transformer:

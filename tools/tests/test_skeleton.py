@@ -87,6 +87,18 @@ def test_the_reference_joins_only_for_its_files(tmp_path, capsys):
     assert "ref~torch" in out and "skeleton score 0.92, lowest pair 0.75" in out
 
 
+def test_a_particular_file_is_shown_marked_but_not_scored(tmp_path, capsys):
+    (name, reason), = list(skeleton.PARTICULAR_FILES.items())[:1]
+    root = _impls(tmp_path, {"impl_torch": {"model.py": MODEL}, "impl_jax": {"model.py": MODEL},
+                             "impl_tf": {"model.py": MODEL, name: "def program(): ...\n"}})
+    by_name = {f.name: f for f in skeleton.scores(root)}
+    assert by_name[name].defs["impl_tf"] == ["program"] and by_name[name].pairs == {}
+    assert skeleton.mean_score(list(by_name.values())) == 1.0 and skeleton.min_pair(list(by_name.values())) == 1.0
+    assert skeleton.main(["--root", str(root), "--table"]) == 0              # its absences score no 0s
+    out = capsys.readouterr().out
+    assert f"{name}*" in out and f"* {name}: shown, not scored: {reason}" in out and "over 1 files" in out
+
+
 def test_differing_argument_lists_of_shared_definitions_are_counted_and_bounded(tmp_path, capsys):
     torch_model = MODEL.replace("def forward(self)", "def forward(self, x, device=None)")  # plumbing left out
     other = MODEL.replace("def forward(self)", "def forward(self, y)").replace("def helper()", "def helper(a)")

@@ -7,9 +7,11 @@ Pairs are grouped by (source length bucket, target length bucket), a bucket bein
 ... up to max_len). Each epoch, every group is shuffled by the epoch's generator and cut into batches of B rows,
 B * max(S, T) about ``tokens_per_batch`` (with ``pow2_batch`` B is a power of two, which impl_jax and impl_tf pad
 B to anyway), and then all batches are shuffled. A batch's arrays have exactly its bucket's lengths, so a backend
-that pads to shape buckets adds no padding of its own and compiles once per distinct shape. A group's last batch
-keeps its real rows (the API refuses all-pad rows); the rows a bucketing backend adds to reach a power of two are
-counted in its ``positions``.
+that pads to shape buckets adds no padding of its own and compiles once per distinct shape. With ``fill_last``
+(the default) a group's last batch, short of B rows, is completed with the first pairs of the group's shuffled
+order, which its first batch holds too, so every batch of a group of at least B pairs has one shape: one compile
+per group, not two (``shape_counts``). A group of fewer than B pairs is one batch of its own rows (the API refuses
+all-pad rows); the rows a bucketing backend adds to reach a power of two are counted in its ``positions``.
 
 Layout per pair (``text.pairs``), as ``spec.demo``: src = ids + EOS, tgt_in = BOS + ids, tgt_out = ids + EOS,
 right-padded with pad_id, int64.
@@ -65,7 +67,7 @@ class TokenBatches:
 
     def __init__(self, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], config: Config,
                  tokens_per_batch: int, *, seed: int = 0, length_buckets: Sequence[int] | None = None,
-                 pow2_batch: bool = True):
+                 pow2_batch: bool = True, fill_last: bool = True):
         if not validate.is_int(tokens_per_batch) or tokens_per_batch < 1:
             raise ValueError(f"TokenBatches: tokens_per_batch must be an int >= 1, got {tokens_per_batch!r}")
         if not validate.is_int(seed) or seed < 0:
@@ -74,6 +76,7 @@ class TokenBatches:
         if not src:
             raise ValueError("TokenBatches: no sentence pairs")
         self.config, self.tokens_per_batch, self.seed, self.pow2_batch = config, tokens_per_batch, seed, pow2_batch
+        self.fill_last = fill_last
         self.buckets = _check_buckets(length_buckets, config.max_len)
         self._src, self._tgt = flatten_rows(src), flatten_rows(tgt)
         src_len, tgt_len = self._src[2], self._tgt[2] + 1            # positions: ids + EOS; BOS/EOS + ids
@@ -91,7 +94,8 @@ class TokenBatches:
         return 1 << max(0, int(round(np.log2(rows))))
 
     def epoch(self, e: int) -> list[np.ndarray]:
-        """The batches of epoch ``e``, each an int64 array of pair indices: a function of (seed, e) only.
+        """The batches of epoch ``e``, each an int64 array of pair indices: a function of (seed, e) only. Every pair
+        is in one batch; with ``fill_last``, a few also in the last batch of their group.
 
         Raises:
             ValueError: if ``e`` is not an int >= 0.
@@ -103,6 +107,8 @@ class TokenBatches:
             batches = []
             for (S, T), idx in self._groups.items():                 # sorted keys: the same draws every time
                 idx, B = rng.permutation(idx), self.rows(S, T)
+                if self.fill_last and idx.size > B and idx.size % B:                # the first pairs again
+                    idx = np.concatenate([idx, idx[:B - idx.size % B]])
                 batches += [idx[k:k + B] for k in range(0, idx.size, B)]
             for b in batches:
                 b.flags.writeable = False                            # shared with the cache and every Batch

@@ -48,10 +48,11 @@ class Options:
     average: int = 5
     dev_sentences: int = 400
     seed: int = 0
+    fill_last: bool = True                # a length group's last batch completed to its rows (text.batching)
 
 
 # What decides the batches and the arithmetic: a resumed run must keep them.
-RESUME_KEYS = ("tokens_per_batch", "warmup_steps", "lr_scale", "seed")
+RESUME_KEYS = ("tokens_per_batch", "warmup_steps", "lr_scale", "seed", "fill_last")
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike]) -> tuple[spec.Config, dict[str, np.ndarray]]:
@@ -88,17 +89,17 @@ class Run:
     def __init__(self, T: ModuleType, data: Any, out: Path, config: spec.Config, options: Options):
         self.T, self.data, self.out, self.c, self.o = T, data, Path(out), config, options
         self.tokenizer = Tokenizer.load(data.tokenizer_path, config)
-        self.batches, self.too_long = self._batches(data.train, options.seed)
-        dev, _ = self._batches(data.dev, 0)
+        self.batches, self.too_long = self._batches(data.train, options.seed, options.fill_last)
+        dev, _ = self._batches(data.dev, 0, fill_last=False)                    # the dev loss: every pair once
         self.dev_batches = [dev.batch(k) for k in range(dev.batches_per_epoch)]
         self.train_config = training.TrainConfig(warmup_steps=options.warmup_steps, lr_scale=options.lr_scale)
 
-    def _batches(self, side: Any, seed: int) -> tuple[TokenBatches, int]:
+    def _batches(self, side: Any, seed: int, fill_last: bool) -> tuple[TokenBatches, int]:
         """The side's pairs tokenised and batched -> (batches, pairs left out for not fitting ``max_len``)."""
         src, tgt = self.tokenizer.encode(side.sources), self.tokenizer.encode(side.targets)
         fits = [i for i in range(len(src)) if max(len(src[i]), len(tgt[i])) < self.c.max_len]
         return TokenBatches([src[i] for i in fits], [tgt[i] for i in fits], self.c, self.o.tokens_per_batch,
-                            seed=seed), len(src) - len(fits)
+                            seed=seed, fill_last=fill_last), len(src) - len(fits)
 
     def start(self) -> tuple[Any, Any, dict[str, Any]]:
         """-> (model, state, progress): the newest checkpoint of ``out`` if there is one, else step 0.
@@ -112,13 +113,13 @@ class Run:
             # in the impls) in a model whose __call__ is evaluation in every backend (a new torch module trains)
             model = self.T.from_params(self.c, self.T.params_of(self.T.Transformer(self.c, seed=self.o.seed)))
             return model, self.T.init_train_state(model, self.train_config, self.o.seed), {
-                "step": 0, "train_s": 0.0, "tokens": 0, "checkpoints": []}
+                "step": 0, "train_s": 0.0, "tokens": 0, "positions": 0, "shapes": [], "checkpoints": []}
         progress = json.loads((path / "progress.json").read_text())
         now = dataclasses.asdict(self.o)
-        other = [k for k in RESUME_KEYS if progress["options"][k] != now[k]]
+        other = [k for k in RESUME_KEYS if progress["options"].get(k) != now[k]]  # a key it lacks: another
         if other or progress["config"] != self.c.to_dict():
             raise ValueError(f"{path}: written with other {', '.join(other) or 'config'} "
-                             f"({ {k: progress['options'][k] for k in other} or progress['config']}); resume with "
+                             f"({ {k: progress['options'].get(k) for k in other} or progress['config']}); resume with "
                              "the same ones (the budget and evaluation options may change)")
         model = self.T.load_weights(path / "model.safetensors")
         return model, self.T.load_train_state(path / "train_state.safetensors", model), progress
@@ -138,6 +139,10 @@ class Run:
                 p["train_s"] += time.perf_counter() - start
                 p["step"] += 1
                 p["tokens"] += b.tokens
+                p["positions"] += b.positions
+                S, T = b.src.shape[1], b.tgt_in.shape[1]
+                shape = [b.positions // (S + T), S, T]              # (rows computed, S, T): an XLA program each
+                p["shapes"] += [shape] * (shape not in p["shapes"])
                 bar(p, losses[-1])
                 if self._checkpoint_due(p, next_checkpoint):
                     log(self.checkpoint(model, state, p, losses))
@@ -154,7 +159,8 @@ class Run:
         self.T.save_train_state(state, tmp / "train_state.safetensors")
         start = time.perf_counter()
         record = {"checkpoint": final.name, "step": p["step"], "train_s": round(p["train_s"], 2), "tokens": p["tokens"],
-                  "tokens_per_s": round(p["tokens"] / p["train_s"], 1), "train_loss": float(np.mean(losses)),
+                  "tokens_per_s": round(p["tokens"] / p["train_s"], 1), "shapes": len(p["shapes"]),
+                  "padding": round(1 - p["tokens"] / p["positions"], 4), "train_loss": float(np.mean(losses)),
                   "dev_loss": dev_loss(self.T, model, self.dev_batches, self.train_config.label_smoothing),
                   "dev_bleu_greedy": self.dev_bleu(model).bleu}
         record["eval_s"] = round(time.perf_counter() - start, 2)

@@ -28,17 +28,19 @@ def _label(name: str) -> str:
 
 
 def table(result: dict) -> str:
-    """Test BLEU of each system beside the baselines, tokens/s and steps."""
+    """Test BLEU of each system beside the baselines, tokens/s and steps; the batch shapes trained (one XLA program
+    each in jax and tf) and the share of computed positions that were padding, where the run recorded them."""
     base = result["corpus"]["baselines"]["test"]
-    lines = ["| system | steps | tokens/s (1 core, 1 thread) | final dev loss | test BLEU, last checkpoint | "
-             "test BLEU, averaged | length ratio (averaged) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| system | steps | tokens/s (1 core, 1 thread) | batch shapes | padding | final dev loss | "
+             "test BLEU, last checkpoint | test BLEU, averaged | length ratio (averaged) |", "|---" * 9 + "|"]
     for name, runs in result["runs"].items():
         last, test = runs[-1], result["test"][name]
-        lines.append(f"| {_label(name)} | {last['step']:,} | {last['tokens_per_s']:,.0f} | "
+        shapes, padding = last.get("shapes", ""), f"{last['padding']:.1%}" if "padding" in last else ""
+        lines.append(f"| {_label(name)} | {last['step']:,} | {last['tokens_per_s']:,.0f} | {shapes} | {padding} | "
                      f"{last['dev_loss']:.3f} | {test['last']['bleu']:.2f} | {test['averaged']['bleu']:.2f} | "
                      f"{test['averaged']['length_ratio']:.2f} |")
-    lines.append(f"| copy the source | | | | {base['copy_bleu']:.2f} | | {base['copy_length_ratio']:.2f} |")
-    lines.append(f"| translation memory | | | | {base['memory_bleu']:.2f} | | {base['memory_length_ratio']:.2f} |")
+    lines.append(f"| copy the source | | | | | | {base['copy_bleu']:.2f} | | {base['copy_length_ratio']:.2f} |")
+    lines.append(f"| translation memory | | | | | | {base['memory_bleu']:.2f} | | {base['memory_length_ratio']:.2f} |")
     signature = next(iter(result["test"].values()))["averaged"]["signature"]
     return "\n".join(lines) + f"\n\nsacreBLEU signature: `{signature}`\n"
 

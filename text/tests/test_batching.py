@@ -44,10 +44,35 @@ def test_examples_append_eos_to_the_source_only():
     assert all(a.dtype == np.int64 for a in src + tgt)
 
 
-def test_every_pair_appears_once_per_epoch(tb):
+def test_every_pair_appears_once_per_epoch(data):
+    t = TokenBatches(*data, C, TOKENS, seed=3, fill_last=False)
     for e in (0, 1):
+        index = np.concatenate(t.epoch(e))
+        assert np.array_equal(np.sort(index), np.arange(N)) and len(t.epoch(e)) == t.batches_per_epoch
+
+
+def test_filled_last_batches_give_each_group_one_shape(data, tb):
+    """With ``fill_last`` (the default) every pair is still in an epoch, the repeats only complete a group's last
+    batch (never twice in one batch), and a group has one shape: fewer compiles for the same batches per epoch."""
+    once = TokenBatches(*data, C, TOKENS, seed=3, fill_last=False)
+    assert tb.batches_per_epoch == once.batches_per_epoch
+    for e in (0, 1):
+        rows, sizes = group_rows(tb, tb.epoch(e)), group_rows(once, once.epoch(e))
         index = np.concatenate(tb.epoch(e))
-        assert np.array_equal(np.sort(index), np.arange(N)) and len(tb.epoch(e)) == tb.batches_per_epoch
+        assert np.array_equal(np.unique(index), np.arange(N)) and all(np.unique(b).size == b.size for b in tb.epoch(e))
+        assert all(len(set(r)) == 1 for r in rows.values()), rows                 # one row count per group
+        repeats = sum(-sum(r) % tb.rows(*k) for k, r in sizes.items() if sum(r) > tb.rows(*k))
+        assert index.size - N == repeats > 0
+    assert len(tb.shape_counts(0)) == len(rows) < len(once.shape_counts(0))
+
+
+def group_rows(t: TokenBatches, batches: list[np.ndarray]) -> dict[tuple[int, int], list[int]]:
+    """(S, T) -> the row counts of that length group's batches."""
+    rows: dict[tuple[int, int], list[int]] = {}
+    for b in batches:
+        a = t.arrays(b)
+        rows.setdefault((a.src.shape[1], a.tgt_in.shape[1]), []).append(b.size)
+    return rows
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -113,7 +138,7 @@ def test_padding_fraction_matches_a_direct_count(tb):
 
 def test_custom_buckets_and_any_row_count(data):
     buckets = [8, 12, 16, 24, 32, 48, 64]
-    t = TokenBatches(*data, C, 1000, length_buckets=buckets, pow2_batch=False)
+    t = TokenBatches(*data, C, 1000, length_buckets=buckets, pow2_batch=False, fill_last=False)
     assert np.array_equal(np.sort(np.concatenate(t.epoch(0))), np.arange(N))
     for b in all_batches(t):
         (B, S), T = b.src.shape, b.tgt_in.shape[1]

@@ -69,6 +69,8 @@ def test_a_resumed_run_continues_from_its_checkpoint(run, prepared):
     T = importlib.import_module("impl_torch")
     with pytest.raises(ValueError, match="written with other lr_scale"):
         train.Run(T, prepared, out, CONFIG, dataclasses.replace(OPTIONS, lr_scale=0.3)).start()
+    with pytest.raises(ValueError, match="written with other fill_last"):      # other batches from that step on
+        train.Run(T, prepared, out, CONFIG, dataclasses.replace(OPTIONS, fill_last=False)).start()
     longer = train.Run(T, prepared, out, CONFIG, dataclasses.replace(OPTIONS, max_steps=500))
     model, state, p = longer.start()
     assert p["step"] == progress["step"] == 400 and p["checkpoints"][-1] == log[-1]["checkpoint"]

@@ -108,8 +108,8 @@ def run(backends: list[str], out: Path, jobs: int, pytest_args: list[str], every
                 failed.add(backend)
                 print("\n".join(log.read_text(errors="replace").splitlines()[-60:]), flush=True)
             left[backend] -= 1
-            if not left[backend] and backend in SPLIT and not pytest_args:
-                _merge(backend, out)
+            if not left[backend] and backend in SPLIT and not pytest_args and not merge_shards(backend, out):
+                failed.add(backend)
         if running and now - shown >= every:
             print(f"[{now - t_start:4.0f} s] {_line(running, now)}", flush=True)
             shown = now
@@ -119,15 +119,17 @@ def run(backends: list[str], out: Path, jobs: int, pytest_args: list[str], every
     return len(failed)
 
 
-def _merge(backend: str, out: Path) -> None:
-    """The backend's report (``conformance-<backend>``) from its shards' in ``out/shards``, if each wrote one."""
+def merge_shards(backend: str, out: Path) -> bool:
+    """The backend's report (``conformance-<backend>``) from its shards' in ``out/shards``; False (and why) if a
+    shard wrote none."""
     files = [out / "shards" / f"conformance-{backend}.{shard}-partial.json" for shard in SHARDS]
     if not all(f.exists() for f in files):
         print(f"{backend}: no report from {', '.join(f.name for f in files if not f.exists())}", flush=True)
-        return
+        return False
     report = merge([json.loads(f.read_text()) for f in files], list(SHARDS))
     j, _ = write([report], out, f"conformance-{backend}" + "-partial" * report["partial"])
     print(f"{backend}: report {j} ({len(report['checks'])} checks from {len(files)} shards)", flush=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

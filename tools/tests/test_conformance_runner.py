@@ -111,3 +111,18 @@ def test_the_readmes_check_counts_are_the_suites():
     claimed = {b: int(n) for b, n in re.findall(row, readme, re.M)}
     assert set(claimed) == set(conformance.BACKENDS), claimed
     assert claimed == {b: _collected(b) for b in claimed}
+
+
+def test_a_backends_shards_are_merged_from_their_files_or_it_fails(tmp_path, capsys):
+    import json
+
+    (tmp_path / "shards").mkdir()
+    for shard, checks in (("golden", {"golden_forward[a]": ("golden", "passed")}),
+                          ("others", {"api_names": ("api", "passed")})):
+        part = {**_report("tf", checks), "filter": f"--shard {shard}", "partial": True}
+        (tmp_path / "shards" / f"conformance-tf.{shard}-partial.json").write_text(json.dumps(part))
+    assert conformance.merge_shards("tf", tmp_path)
+    merged = json.loads((tmp_path / "conformance-tf.json").read_text())
+    assert not merged["partial"] and set(merged["checks"]) == {"golden_forward[a]", "api_names"}
+    (tmp_path / "shards" / "conformance-tf.others-partial.json").unlink()
+    assert not conformance.merge_shards("tf", tmp_path) and "no report from" in capsys.readouterr().out

@@ -62,6 +62,7 @@ def test_the_loss_falls_and_dev_bleu_rises(run):
     assert log[-1]["train_loss"] < log[0]["train_loss"] - 1.0, [r["train_loss"] for r in log]
     assert log[-1]["dev_loss"] < log[0]["dev_loss"], [r["dev_loss"] for r in log]
     assert log[-1]["dev_bleu_greedy"] > log[0]["dev_bleu_greedy"] + 1.0, [r["dev_bleu_greedy"] for r in log]
+    assert 1 <= log[0]["shapes"] <= log[-1]["shapes"] == len(progress["shapes"]) and 0 < log[-1]["padding"] < 0.5
 
 
 def test_a_resumed_run_continues_from_its_checkpoint(run, prepared):

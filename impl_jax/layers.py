@@ -66,20 +66,20 @@ def without_dropout(module: Module) -> Module:
     kept while ``module`` (frozen) lives."""
     if module.config.dropout == 0.0:
         return module
-    if module not in _evaluation_copies:
-        _evaluation_copies[module] = _with_config(module, module.config.replace(dropout=0.0))
-    return _evaluation_copies[module]
+    if module in _evaluation_copies:
+        return _evaluation_copies[module]
+    config = module.config.replace(dropout=0.0)
 
+    def copy(x: object) -> object:  # x with ``config``, copied with the submodules that hold a config
+        if type(x) is tuple:        # a stack's layers
+            return tuple(copy(m) for m in x)
+        if not isinstance(x, Module) or "config" not in vars(x):
+            return x
+        new = object.__new__(type(x))
+        vars(new).update({k: copy(v) for k, v in vars(x).items()}, config=config)
+        return new
 
-def _with_config(x: object, config: Config) -> object:
-    """Module x (or a stack's layers) holding ``config``: copies of it and of its submodules that hold a config."""
-    if type(x) is tuple:
-        return tuple(_with_config(m, config) for m in x)
-    if not isinstance(x, Module) or "config" not in vars(x):
-        return x
-    copy = object.__new__(type(x))
-    vars(copy).update({k: _with_config(v, config) for k, v in vars(x).items()}, config=config)
-    return copy
+    return _evaluation_copies.setdefault(module, copy(module))
 
 
 def dropout(x: jax.Array, site: str, rate: float, rng: jax.Array | None) -> jax.Array:

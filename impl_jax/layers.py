@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 import zlib
 
 import jax
@@ -28,6 +29,7 @@ from spec.recording import record, scoped
 
 F32 = jnp.float32
 KV = tuple[jax.Array, jax.Array]
+_evaluation_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> ``without_dropout(module)``
 
 
 class Module:
@@ -55,6 +57,29 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+
+def without_dropout(module: Module) -> Module:
+    """``module`` (a model, or a layer holding a config) with ``config.dropout`` 0.0 in its config and every
+    submodule's, the same leaves (no copies): what evaluation, which never draws dropout (section 5.4), compiles for,
+    so its programs are shared by models that differ in dropout alone. The module itself at dropout 0; else a copy
+    kept while ``module`` (frozen) lives."""
+    if module.config.dropout == 0.0:
+        return module
+    if module in _evaluation_copies:
+        return _evaluation_copies[module]
+    config = module.config.replace(dropout=0.0)
+
+    def copy(x: object) -> object:  # x with ``config``, copied with the submodules that hold a config
+        if type(x) is tuple:        # a stack's layers
+            return tuple(copy(m) for m in x)
+        if not isinstance(x, Module) or "config" not in vars(x):
+            return x
+        new = object.__new__(type(x))
+        vars(new).update({k: copy(v) for k, v in vars(x).items()}, config=config)
+        return new
+
+    return _evaluation_copies.setdefault(module, copy(module))
 
 
 def dropout(x: jax.Array, site: str, rate: float, rng: jax.Array | None) -> jax.Array:

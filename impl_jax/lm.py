@@ -19,7 +19,7 @@ import jax
 
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
-from impl_jax.layers import Embedder, Module
+from impl_jax.layers import Embedder, Module, without_dropout
 from impl_jax.model import decode, device_weights, log
 from impl_jax.stacks import Decoder, KVCache, decoder_logits, empty_cache
 from spec import shapes, validate
@@ -50,7 +50,7 @@ class LanguageModel(Module):
         validate.check_tokens("tokens", host, c)
         B, T = host.shape
         tokens = device_ids(tokens, shapes.batch_bucket(B), shapes.length_bucket(T, c.max_len), c.pad_id)
-        logits, rec = _forward(self, tokens, bool(intermediates), rng)
+        logits, rec = _forward(self if rng is not None else without_dropout(self), tokens, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
         return logits[:B, :T], {name: x[:B, :T] for name, x in rec.items()}

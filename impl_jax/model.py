@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
-from impl_jax.layers import Embedder, Module
+from impl_jax.layers import Embedder, Module, without_dropout
 from impl_jax.stacks import Decoder, Encoder, KVCache, decoder_logits, encoder_memory, source_cache
 from spec import shapes, validate
 from spec.config import Config
@@ -71,7 +71,8 @@ class Transformer(Module):
         Bb = shapes.batch_bucket(B)
         src = device_ids(src, Bb, shapes.length_bucket(S, c.max_len), c.pad_id)
         tgt_in = device_ids(tgt_in, Bb, shapes.length_bucket(T, c.max_len), c.pad_id)
-        logits, rec = _forward(self, src, tgt_in, bool(intermediates), rng)
+        model = self if rng is not None else without_dropout(self)  # evaluation: programs shared across dropout
+        logits, rec = _forward(model, src, tgt_in, bool(intermediates), rng)
         if not intermediates:
             return logits[:B, :T]
         want = shapes.intermediates(c, B, S, T, dropout=rng is not None)  # name -> ((B, S or T, ...), dtype)
@@ -84,7 +85,7 @@ class Transformer(Module):
         validate.check_source(host, c)
         B, S = host.shape
         src = device_ids(src, shapes.batch_bucket(B), shapes.length_bucket(S, c.max_len), c.pad_id)
-        return _compiled(encoder_memory, self, src)[:B, :S]
+        return _compiled(encoder_memory, without_dropout(self), src)[:B, :S]
 
     def init_cache(self, memory: jax.Array, src: Ids, capacity: int) -> KVCache:
         """An empty ``KVCache`` of exactly ``capacity`` positions (not bucketed) for ``memory`` (B, S, D) of
@@ -96,7 +97,7 @@ class Transformer(Module):
         if tuple(memory.shape) != (*host.shape, c.d_model):
             raise ValueError(f"memory shape {tuple(memory.shape)} does not match src {host.shape} and d_model")
         src = device_ids(src, *host.shape, c.pad_id)
-        return _compiled(source_cache, self, memory, src, capacity=int(capacity))
+        return _compiled(source_cache, without_dropout(self), memory, src, capacity=int(capacity))
 
     def decode(self, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """n new tokens (B, n) int at positions ``cache.length ..`` -> (logits (B, n, V) float32, the new cache)
@@ -112,7 +113,7 @@ def decode(model: Module, tokens: Ids, cache: KVCache) -> tuple[jax.Array, KVCac
     host = host_ids(tokens, c, "tokens")
     length = 0 if isinstance(cache.length, jax.core.Tracer) else int(cache.length)
     validate.check_decode(host, c, cache.key_mask.shape[0], length, cache.key_mask.shape[1])
-    return _compiled(decoder_logits, model, device_ids(tokens, *host.shape, c.pad_id), cache)
+    return _compiled(decoder_logits, without_dropout(model), device_ids(tokens, *host.shape, c.pad_id), cache)
 
 
 def device_weights(config: Config, seed: int, params: dict[str, Any] | None) -> dict[str, jax.Array]:

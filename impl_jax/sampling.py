@@ -23,6 +23,7 @@ from jax import lax
 
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
+from impl_jax.layers import without_dropout
 from impl_jax.lm import LanguageModel
 from impl_jax.model import log
 from impl_jax.stacks import decoder_logits, empty_cache
@@ -72,7 +73,7 @@ def generate(model: LanguageModel, prompt: Ids, max_new_tokens: int, temperature
     prompt = device_ids(host[:, :L], Bb, shapes.length_bucket(L, c.max_len), c.pad_id)
     top_k = c.vocab_size if top_k is None else min(top_k, c.vocab_size)
     scalars = (np.int32(max_new_tokens), np.float32(temperature), np.int32(top_k), _at_least(top_p))
-    out = _generate(model, prompt, np.pad(lengths, (0, Bb - B)).astype(np.int32), u, *scalars)
+    out = _generate(without_dropout(model), prompt, np.pad(lengths, (0, Bb - B)).astype(np.int32), u, *scalars)
     out = np.asarray(out)[:B].astype(np.int64)
     return out[:, :int((out != c.pad_id).sum(axis=1).max())]
 

@@ -25,6 +25,7 @@ from jax import lax
 
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
+from impl_jax.layers import without_dropout
 from impl_jax.model import Transformer, log
 from impl_jax.stacks import decoder_logits, encoder_memory, source_cache
 from spec import shapes, validate
@@ -39,7 +40,8 @@ def greedy_search(model: Transformer, src: Ids, max_new_tokens: int | None = Non
     validate.check_source(host, c)
     limits = validate.generation_limits(host, c, max_new_tokens)
     src, limits, capacity = _padded(model, host, limits)
-    out, steps = _greedy(model, src, limits, jnp.full((src.shape[0], capacity), c.pad_id, jnp.int32))
+    out = jnp.full((src.shape[0], capacity), c.pad_id, jnp.int32)
+    out, steps = _greedy(without_dropout(model), src, limits, out)
     return np.asarray(out)[:host.shape[0], :int(steps)].astype(np.int64)
 
 
@@ -91,7 +93,7 @@ def beam_search(model: Transformer, src: Ids, beam_size: int = 4, alpha: float =
     validate.check_beam(beam_size, alpha, limits)
     src, limits, capacity = _padded(model, host, limits)
     penalties = np.float32([length_penalty(n, float(alpha)) for n in range(capacity + 1)])  # (P + 1,)
-    best, length = _beam(model, src, limits, jnp.asarray(penalties), int(beam_size))
+    best, length = _beam(without_dropout(model), src, limits, jnp.asarray(penalties), int(beam_size))
     B = host.shape[0]
     return np.asarray(best)[:B, :int(np.asarray(length)[:B].max())].astype(np.int64)
 

@@ -29,7 +29,7 @@ import optax
 
 from impl_jax import numerics
 from impl_jax.inputs import Ids, device_ids, host_ids
-from impl_jax.layers import Module
+from impl_jax.layers import Module, without_dropout
 from impl_jax.lm import LanguageModel
 from impl_jax.model import Transformer, log
 from impl_jax.train_state import TrainState, check_state
@@ -44,7 +44,8 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
     """Evaluation mode: the label-smoothed loss and {canonical name: float32 gradient} (``spec.api``); for bf16
     parameters the gradients of their (exact) fp32 values."""
     *inputs, tgt_out = _batch(model, src, tgt_in, tgt_out)
-    loss, grads = _loss_and_gradients(model, tuple(inputs), tgt_out, jnp.asarray(label_smoothing, F32), None)
+    loss, grads = _loss_and_gradients(without_dropout(model), tuple(inputs), tgt_out, jnp.asarray(label_smoothing, F32),
+                                      None)
     return loss, canonical(grads)
 
 
@@ -61,7 +62,8 @@ def lm_loss_and_gradients(model: LanguageModel, tokens: Ids, label_smoothing: fl
     """Next-token prediction's loss and {canonical name: float32 gradient} (``spec.api``), as
     ``loss_and_gradients``; with a PRNG key ``rng``, with dropout drawn from it."""
     inputs, targets = _lm_batch(model, tokens)
-    loss, grads = _loss_and_gradients(model, (inputs,), targets, jnp.asarray(label_smoothing, F32), rng)
+    loss, grads = _loss_and_gradients(model if rng is not None else without_dropout(model), (inputs,), targets,
+                                      jnp.asarray(label_smoothing, F32), rng)
     return loss, canonical(grads)
 
 

@@ -77,7 +77,7 @@ class Transformer(tf.Module):
         src, c = host_ids(src), self.config
         validate.check_source(src, c)
         (B, S), size = src.shape, (shapes.batch_bucket(src.shape[0]), shapes.length_bucket(src.shape[1], c.max_len))
-        encode = compiled(self, "encode", lambda src: encoder_memory(self, src), [IDS], size)
+        encode = compiled(self, "encode", lambda src: encoder_memory(self, src), [IDS], size, dropout=False)
         return encode(device_ids(src, *size, c.pad_id))[:B, :S]
 
     def init_cache(self, memory: Float[tf.Tensor, "B S D"], src, capacity: int) -> KVCache:
@@ -114,6 +114,7 @@ def decode(model: tf.Module, tokens, cache: KVCache) -> tuple[tf.Tensor, KVCache
         return decoder_logits(model, tokens, KVCache(self_kv, key_mask, *(memory or ((), None)), length))
 
     shape = (B, tokens.shape[1], capacity, *(m.shape[1] for m in memory[1:]))
-    program = compiled(model, "decode", step, [IDS, kv, mask, length, (kv, mask)[:len(memory)]], shape)
+    program = compiled(model, "decode", step, [IDS, kv, mask, length, (kv, mask)[:len(memory)]], shape,
+                       dropout=False)
     return program(device_ids(tokens, *tokens.shape, c.pad_id), cache.self_kv, cache.key_mask, cache.length, memory)
 

@@ -56,24 +56,29 @@ def run_forward(model: tf.Module, forward: Callable, ids: list[np.ndarray], inte
         return (logits, rec) if intermediates else logits
 
     flags = (" with intermediates" if intermediates else "") + (" with dropout" if seed is not None else "")
-    out = compiled(model, "forward" + flags, recorded, [IDS] * len(ids) + [SEED] * (rng is not None), size)(*args)
+    signature = [IDS] * len(ids) + [SEED] * (rng is not None)
+    out = compiled(model, "forward" + flags, recorded, signature, size, dropout=rng is not None)(*args)
     if not intermediates:
         return out[:B, :lengths[-1]]
     want = shapes.intermediates(c, B, *[0, *lengths][-2:], dropout=seed is not None)  # name -> ((B, S|T..), dtype)
     return out[0][:B, :lengths[-1]], {name: x[:B, :want[name][0][1]] for name, x in out[1].items()}
 
 
-def compiled(model: tf.Module, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...]
-             ) -> Callable:
+def compiled(model: tf.Module, name: str, fn: Callable, signature: list | None, shape: tuple[int, ...], *,
+             dropout: bool) -> Callable:
     """The program ``name`` of the model's config, bound to the model's weights: ``fn`` XLA-compiled at first use,
     traced once for ``signature``, or without one a program per ``shape``. Logs ``shape``, the concrete shape about
-    to be dispatched, the first time: XLA compiles it then.
+    to be dispatched, the first time: XLA compiles it then. ``dropout``: whether the program draws dropout (section
+    5.4: a forward or loss given a seed, a training step).
 
     Programs are shared by every model of one config, as ``jax.jit``'s cache is: the weights are the program's first
     argument (``_on_weights``), so a new model of a known config neither traces nor compiles again; the
-    ``PROGRAMS_KEPT`` programs used last are held. A program with a signature takes the weights as tensors, one
-    without (a training step's) as the variables it updates."""
-    key = (model.config, name if signature is not None else f"{name} {shape}")
+    ``PROGRAMS_KEPT`` programs used last are held. A program that draws no dropout is keyed by the config with
+    ``dropout`` 0.0 (its trace never reads the rate), so it is shared by models that differ in dropout alone. A
+    program with a signature takes the weights as tensors, one without (a training step's) as the variables it
+    updates."""
+    config = model.config if dropout else model.config.replace(dropout=0.0)
+    key = (config, name if signature is not None else f"{name} {shape}")
     program, compiled_shapes = _programs.pop(key, (None, set()))
     if program is None:
         weights = [tf.TensorSpec(p.shape, p.dtype) for p in model.params.values()]

@@ -80,7 +80,7 @@ def generate(model: LanguageModel, prompt, max_new_tokens: int, temperature: flo
     padded_lengths[:B] = lengths
     signature = [IDS, tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, None], tf.float32), INT_SCALAR, SCALAR,
                  INT_SCALAR, SCALAR]
-    loop = compiled(model, "generate", functools.partial(_generate, model), signature, size)
+    loop = compiled(model, "generate", functools.partial(_generate, model), signature, size, dropout=False)
     out, width = loop(device_ids(prompt[:, :L], *size[:2], c.pad_id), tf.constant(padded_lengths), tf.constant(u),
                       tf.constant(N), tf.constant(temperature, tf.float32),
                       tf.constant(c.vocab_size if top_k is None else min(int(top_k), c.vocab_size)),

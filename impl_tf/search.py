@@ -39,7 +39,8 @@ def greedy_search(model: Transformer, src, max_new_tokens: int | None = None) ->
     validate.check_source(src, c)
     limits = validate.generation_limits(src, c, max_new_tokens)
     args, size = _padded(model, src, limits)
-    loop = compiled(model, "greedy_search", functools.partial(_greedy, model), [IDS, LIMITS, IDS], size)
+    loop = compiled(model, "greedy_search", functools.partial(_greedy, model), [IDS, LIMITS, IDS], size,
+                    dropout=False)
     out, steps = loop(*args)
     return tf.cast(out[:len(src), :int(steps)], tf.int64)
 
@@ -90,7 +91,7 @@ def beam_search(model: Transformer, src, beam_size: int = 4, alpha: float = 0.6,
     (padded_src, padded_limits, _), size = _padded(model, src, limits)
     penalties = tf.constant([length_penalty(n, alpha) for n in range(size[2] + 1)], tf.float32)  # (P + 1,)
     loop = compiled(model, f"beam_search (beam {beam_size})", functools.partial(_beam, model, k=beam_size),
-                    [IDS, LIMITS, tf.TensorSpec([None], tf.float32)], size)
+                    [IDS, LIMITS, tf.TensorSpec([None], tf.float32)], size, dropout=False)
     finished_seqs, finished_scores, live_seqs, steps = (x.numpy() for x in loop(padded_src, padded_limits, penalties))
     rows = []
     for b in range(len(limits)):

@@ -188,7 +188,7 @@ def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.T
     ``name`` for its buckets ``size``; ``rng`` as ``LanguageModel.forward``'s."""
     seed = [] if rng is None else [stateless_seed(rng)]
     fn = lambda batch, *args: _loss_and_gradients(model, *_inputs_targets(model, batch), *args)  # noqa: E731
-    loss, grads = compiled(model, name + (" with dropout" if seed else ""), fn, None, size)(
+    loss, grads = compiled(model, name + (" with dropout" if seed else ""), fn, None, size, dropout=bool(seed))(
         batch, tf.constant(label_smoothing, tf.float32), *seed)
     return loss, dict(zip(model.params, grads, strict=True))
 
@@ -196,7 +196,7 @@ def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.T
 def _step(model: Model, state: TrainState, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...]
           ) -> tuple[tf.Tensor, Model, TrainState]:
     """The train steps' compiled step ``name`` on a padded ``batch`` (``_inputs_targets``) for its buckets ``size``."""
-    step = compiled(model, name, lambda *args: _train_step(model, *args), None, size)
+    step = compiled(model, name, lambda *args: _train_step(model, *args), None, size, dropout=True)
     loss = step(batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
     state.step.assign_add(1)
     return loss, model, state

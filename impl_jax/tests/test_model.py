@@ -177,3 +177,22 @@ def test_jit_skips_no_rounding_of_the_contract(make, tokens):
     differ = {k: int((np.asarray(rec[k]) != np.asarray(eager[k])).sum()) for k in rec}
     assert not any(differ.values()), {k: n for k, n in differ.items() if n}
     np.testing.assert_array_equal(np.asarray(logits), np.asarray(eager_logits))
+
+
+def test_models_that_differ_in_dropout_alone_share_their_evaluation_programs(tiny, tokens, compiles):
+    """Evaluation never draws dropout (section 5.4): a dropout-0 model of the same weights gives the same bits and
+    compiles nothing new; a forward with a dropout rng still draws it."""
+    c = tiny.config                                                   # dropout 0.1
+    plain = impl_jax.from_params(c.replace(dropout=0.0), impl_jax.params_of(tiny))
+    src, tgt = tokens(c, 1, 2, 7), tokens(c, 2, 2, 5, bos=True)
+
+    def evaluate(m):
+        memory = m.encode(src)
+        logits, _ = m.decode(tgt[:, :2], m.init_cache(memory, src, 4))
+        return [m(src, tgt), memory, logits, impl_jax.greedy_search(m, src, 3)]
+
+    want, n = evaluate(tiny), len(compiles())
+    assert [np.asarray(x).tobytes() for x in evaluate(plain)] == [np.asarray(x).tobytes() for x in want]
+    assert compiles()[n:] == []                                       # the programs of the first model serve both
+    key = jax.random.key(0)
+    assert not np.array_equal(tiny(src, tgt, rng=key), plain(src, tgt, rng=key))

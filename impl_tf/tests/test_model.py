@@ -219,3 +219,25 @@ def test_models_of_one_config_share_programs_on_their_own_weights(config, tokens
     del a, alone
     gc.collect()
     assert held() is None, "a cached program keeps the model that traced it alive"
+
+
+def test_models_that_differ_in_dropout_alone_share_their_evaluation_programs(config, tokens, caplog):
+    """Evaluation never draws dropout (section 5.4): a dropout-0 model of the same weights gives the same bits and
+    traces and compiles nothing new; a training step still draws it."""
+    c = config.replace(dtype="float32", param_dtype="float32", layer_norm_eps=1e-5)  # the test above's: its programs
+    dropping = impl_tf.Transformer(c, seed=2)                                           # serve this one (dropout 0.1)
+    plain = impl_tf.from_params(c.replace(dropout=0.0), impl_tf.params_of(dropping))
+    src, tgt_in, tgt_out = tokens(40, 2, 5), tokens(41, 2, 4, bos=True), tokens(42, 2, 4)
+
+    def evaluate(m):
+        memory = m.encode(src)
+        logits, _ = m.decode(tgt_in[:, :2], m.init_cache(memory, src, 4))
+        return [m(src, tgt_in), memory, logits, impl_tf.greedy_search(m, src, 3)]
+
+    with caplog.at_level(logging.INFO, logger="impl_tf"):
+        want, n = evaluate(dropping), len(caplog.records)
+        assert [np.asarray(x).tobytes() for x in evaluate(plain)] == [np.asarray(x).tobytes() for x in want]
+        assert caplog.records[n:] == []                             # the programs of the first model serve both
+    assert all(plain.compiled[k] is dropping.compiled[k] for k in plain.compiled)
+    losses = [impl_tf.train_step(m, impl_tf.init_train_state(m), src, tgt_in, tgt_out)[0] for m in (dropping, plain)]
+    assert losses[0].numpy() != losses[1].numpy()

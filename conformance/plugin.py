@@ -21,9 +21,6 @@ from conformance.adapters.base import NotSupported
 
 SUITE = Path(__file__).resolve().parent
 NOT_SUPPORTED = "not supported"  # the outcome, and the start of the skip reason that carries it
-# The suite in two parts of about equal time for jax and tf, which ``tools.conformance`` runs as two processes at
-# once and merges (``conformance.report.merge``): the golden cases, and every other check.
-SHARDS = {"golden": lambda name: name == "test_golden.py", "others": lambda name: name != "test_golden.py"}
 
 
 def pytest_addoption(parser):
@@ -35,9 +32,6 @@ def pytest_addoption(parser):
     g.addoption("--mutant", default=None, help="test a mutant of the reference (see conformance.mutants)")
     g.addoption("--data-parallel", action="store_true",
                 help="run only the data-parallel checks (test_data_parallel.py), which no other run collects")
-    g.addoption("--shard", default=None, choices=sorted(SHARDS),
-                help="run one part of the suite: the golden cases (test_golden.py) or the others; its report is "
-                     "conformance-<backend>.<shard>-partial until merged with the other part's")
 
 
 def backend_name(config) -> str:
@@ -46,11 +40,9 @@ def backend_name(config) -> str:
 
 
 def report_stem(config) -> str:
-    """``conformance-<backend>[+<mutant>][.<shard>]`` with what a file name should not hold (a path's slashes) as
-    ``_``."""
-    mutant, shard = config.getoption("--mutant", default=None), config.getoption("--shard", default=None)
-    return "conformance-" + re.sub(r"[^\w.+-]", "_", backend_name(config) + (f"+{mutant}" if mutant else "")
-                                   + (f".{shard}" if shard else ""))
+    """``conformance-<backend>[+<mutant>]`` with what a file name should not hold (a path's slashes) as ``_``."""
+    mutant = config.getoption("--mutant", default=None)
+    return "conformance-" + re.sub(r"[^\w.+-]", "_", backend_name(config) + (f"+{mutant}" if mutant else ""))
 
 
 @functools.cache
@@ -97,15 +89,11 @@ def in_suite(path: Path) -> bool:
 
 def pytest_ignore_collect(collection_path, config):
     """The common-API checks ask an impl module; the reference backend is the spec itself. The data-parallel
-    checks (minutes of processes) run apart: alone with --data-parallel, never without it. With --shard, the
-    shard's test files alone."""
+    checks (minutes of processes) run apart: alone with --data-parallel, never without it."""
     if not in_suite(collection_path.parent):
         return None
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
         if (collection_path.name == "test_data_parallel.py") != bool(config.getoption("--data-parallel")):
-            return True
-        shard = config.getoption("--shard")
-        if shard and not SHARDS[shard](collection_path.name):
             return True
     return collection_path.name == "test_api.py" and backend_name(config) == "reference" or None
 

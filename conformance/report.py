@@ -156,29 +156,6 @@ def to_markdown(reports: list[dict]) -> str:
     return f"# Conformance report\n\n{summary}\n\n{''.join(LEGEND)}\n\n" + "\n".join(lines) + "\n"
 
 
-def merge(parts: list[dict], shards: list[str]) -> dict:
-    """One backend's report from its parts' (``--shard``): the union of their checks, their collected counts and
-    durations summed; partial unless every shard ran once and none was partial for another reason.
-
-    Raises:
-        ValueError: if the parts are of different backends or share a check.
-    """
-    backends = {r["backend"] for r in parts}
-    if len(backends) != 1:
-        raise ValueError(f"merge: reports of several backends {sorted(backends)}")
-    checks: dict[str, dict] = {}
-    for r in parts:
-        if set(checks) & set(r["checks"]):
-            raise ValueError(f"merge: checks reported twice: {sorted(set(checks) & set(r['checks']))[:3]}")
-        checks.update(r["checks"])
-    why = [w for r in parts for w in r["filter"].split(", ") if w and not w.startswith("--shard ")]
-    ran = sorted(w.removeprefix("--shard ") for r in parts for w in r["filter"].split(", ") if w.startswith("--shard "))
-    why += [f"shards {ran} of {sorted(shards)}"] * (ran != sorted(shards))
-    return {**parts[0], "checks": checks, "partial": bool(why), "filter": ", ".join(why),
-            "collected": sum(r["collected"] for r in parts),
-            "duration_s": round(sum(r["duration_s"] for r in parts), 2)}
-
-
 def write(reports: list[dict], out_dir: Path, stem: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / f"{stem}.json", out_dir / f"{stem}.md"

@@ -78,7 +78,6 @@ class ReportPlugin:
                for key, flag in self.FILTERS.items() if (v := getattr(o, key, None))]
         # The suite itself is named by its folder, or by its package with --pyargs; a file or node id is a filter.
         why += [a for a in self.config.args if "::" in a or not (Path(a).is_dir() or a == "conformance")]
-        why += [f"--shard {o.shard}"] * bool(getattr(o, "shard", None))
         why += [f"{self.deselected} deselected"] * bool(self.deselected)
         why += ["stopped early"] * (len(self.checks) < self.selected)
         return ", ".join(why)

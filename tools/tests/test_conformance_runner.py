@@ -66,42 +66,11 @@ def test_golden_training_cases_are_training_checks():
     assert report.family_of("bad_input_forward[x]", "test_errors.py") == "errors"
 
 
-def _collected(backend: str, *options: str) -> int:
+def _collected(backend: str) -> int:
     """How many checks the installed suite holds for ``backend`` (pytest's own count, nothing run)."""
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "--pyargs", "conformance", "--backend", backend, *options], capture_output=True,
-                         text=True).stdout
+                          "--pyargs", "conformance", "--backend", backend], capture_output=True, text=True).stdout
     return int(re.search(r"(\d+) tests? collected", out).group(1))
-
-
-def test_jax_and_tf_run_as_two_shards_first_unless_pytest_is_given_options():
-    assert conformance.jobs_of(["tf", "jax", "torch", "reference"], []) == [
-        ("tf", "golden"), ("tf", "others"), ("jax", "golden"), ("jax", "others"), ("torch", None), ("reference", None)]
-    assert conformance.jobs_of(["tf", "torch"], ["-k", "golden_forward"]) == [("tf", None), ("torch", None)]
-
-
-def test_the_shards_hold_every_check_once():
-    golden, others = (_collected("reference", "--shard", s) for s in ("golden", "others"))
-    assert golden > 0 and others > 0 and golden + others == _collected("reference")
-
-
-def test_shard_reports_merge_into_the_backends_report():
-    from conformance import report
-
-    golden = {**_report("tf", {"golden_forward[a]": ("golden", "passed")}), "filter": "--shard golden",
-              "partial": True}
-    others = {**_report("tf", {"api_names": ("api", "failed")}), "filter": "--shard others", "partial": True}
-    merged = report.merge([golden, others], ["golden", "others"])
-    assert merged["partial"] is False and merged["filter"] == "" and merged["collected"] == 2
-    assert merged["checks"]["api_names"]["outcome"] == "failed" and merged["duration_s"] == 2.0
-    alone = report.merge([golden], ["golden", "others"])
-    assert alone["partial"] and "shards ['golden'] of ['golden', 'others']" in alone["filter"]
-    filtered = report.merge([{**golden, "filter": "-k x, --shard golden"}, others], ["golden", "others"])
-    assert filtered["partial"] and filtered["filter"] == "-k x"
-    with pytest.raises(ValueError, match="twice"):
-        report.merge([golden, golden], ["golden", "others"])
-    with pytest.raises(ValueError, match="several backends"):
-        report.merge([golden, {**others, "backend": "jax"}], ["golden", "others"])
 
 
 def test_the_readmes_check_counts_are_the_suites():
@@ -111,18 +80,3 @@ def test_the_readmes_check_counts_are_the_suites():
     claimed = {b: int(n) for b, n in re.findall(row, readme, re.M)}
     assert set(claimed) == set(conformance.BACKENDS), claimed
     assert claimed == {b: _collected(b) for b in claimed}
-
-
-def test_a_backends_shards_are_merged_from_their_files_or_it_fails(tmp_path, capsys):
-    import json
-
-    (tmp_path / "shards").mkdir()
-    for shard, checks in (("golden", {"golden_forward[a]": ("golden", "passed")}),
-                          ("others", {"api_names": ("api", "passed")})):
-        part = {**_report("tf", checks), "filter": f"--shard {shard}", "partial": True}
-        (tmp_path / "shards" / f"conformance-tf.{shard}-partial.json").write_text(json.dumps(part))
-    assert conformance.merge_shards("tf", tmp_path)
-    merged = json.loads((tmp_path / "conformance-tf.json").read_text())
-    assert not merged["partial"] and set(merged["checks"]) == {"golden_forward[a]", "api_names"}
-    (tmp_path / "shards" / "conformance-tf.others-partial.json").unlink()
-    assert not conformance.merge_shards("tf", tmp_path) and "no report from" in capsys.readouterr().out

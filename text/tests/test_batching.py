@@ -1,5 +1,6 @@
-"""Batches by token count: every pair once per epoch, reproducible from (seed, epoch), resumable by step, shapes on
-the impls' buckets, the demo's (src, tgt_in, tgt_out) layout, and errors naming the pair."""
+"""Batches by token count: every pair in an epoch (once, or with ``fill_last`` a few again to complete a group's last
+batch), reproducible from (seed, epoch), resumable by step, shapes on the impls' buckets, the demo's (src, tgt_in,
+tgt_out) layout, and errors naming the pair."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import spec
 import spec.api
 import spec.convert.marian
 from spec.data_parallel_cli import HelpFormatter
-from text import catalogs, corpus, data, evaluate, train
+from text import catalogs, corpus, data, evaluate, malloc, train
 from text.marian import MarianTokenizer
 from text.tokenizer import Tokenizer
 from text.translate import translate
@@ -87,6 +87,7 @@ def cmd_prepare(a: argparse.Namespace) -> None:
 
 
 def cmd_train(a: argparse.Namespace) -> None:
+    kept = malloc.retain_freed_memory() if a.malloc == "retain" else {}  # before the frameworks' threads start
     T = load_backend(a.backend, a.threads, a.cores)
     options = train.Options(a.minutes, a.steps, a.tokens_per_batch, a.warmup_steps, a.lr_scale,
                             a.checkpoint_minutes, a.checkpoint_steps, a.average, a.dev_sentences, a.seed)
@@ -94,6 +95,7 @@ def cmd_train(a: argparse.Namespace) -> None:
     run = train.Run(T, data.Prepared.load(a.data), a.out, config, options)
     (Path(a.out) / "run.json").parent.mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "run.json").write_text(json.dumps({"backend": T.__name__, "threads": a.threads, "cores": a.cores,
+                                                      "malloc": kept,
                                                       "options": dataclasses.asdict(options),
                                                       "config": config.to_dict()}, indent=1))
     result = run.train(log=lambda r: print(json.dumps(r), flush=True), progress_bar=not a.no_progress)
@@ -184,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
         value = getattr(defaults, name)
         tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, help=TRAIN_HELP[name])
     tr.add_argument("--checkpoint-steps", type=int, default=None, help="checkpoint every N steps instead")
+    tr.add_argument("--malloc", default="retain", choices=("retain", "default"),
+                    help="glibc's malloc keeps freed memory for the next step (text.malloc), or its defaults")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.set_defaults(run=cmd_train)
 

@@ -36,7 +36,7 @@ def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path):
 
 @pytest.mark.parametrize("command, expected", [
     ("prepare", ["(default: 8000)", "(default: 0.02)"]),
-    ("train", ["(default: mini)", "(default: 2048)", "(default: 400)", "(default: 0)"]),
+    ("train", ["(default: mini)", "(default: 2048)", "(default: 400)", "(default: 0)", "(default: retain)"]),
     ("evaluate", ["(default: torch)", "(default: 1)", "(default: test)"]),
 ])
 def test_help_gives_the_defaults(command, expected, capsys, monkeypatch):

@@ -4,12 +4,13 @@ new batch shape (jax and tf compile one program per shape; torch runs eagerly).
     python -m tools.first_step                                    # mini, bf16, B=8, three lengths, every backend
     python -m tools.first_step --backends jax --preset tiny --lengths 16 --out reports/first-step
 
-Each backend runs in a fresh process (no program compiled by another backend's run or an earlier one), pinned to
-one core with one intra-op thread (``text.cli.load_backend``). Per length L, the model takes ``train_step`` on a
-new (B, L) batch four times: the first call's seconds, the median of the next three (the warm step), and their
-difference, the cost of the new bucket. jax also reports how that cost splits into tracing (jaxpr), lowering and
-XLA compilation (``jax.monitoring``'s compile events); tf and torch report the difference only. Writes
-``first-step.json`` and ``first-step.md`` under ``--out`` with the CPU and versions.
+Each backend runs in a fresh process (no program compiled by another backend's run or an earlier one), pinned to one
+core with one intra-op thread (``text.cli.load_backend``), with glibc's malloc keeping freed memory (``--malloc
+retain``, as ``python -m text train`` runs by default: ``text.malloc``) or at its defaults. Per length L, the model
+takes ``train_step`` on a new (B, L) batch four times: the first call's seconds, the median of the next three (the
+warm step), and their difference, the cost of the new bucket. jax also reports how that cost splits into tracing
+(jaxpr), lowering and XLA compilation (``jax.monitoring``'s compile events); tf and torch report the difference
+only. Writes ``first-step.json`` and ``first-step.md`` under ``--out`` with the CPU and versions.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
               "/jax/core/compile/backend_compile_duration": "compile_s"}
 
 
-def measure(backend: str, preset: str, dtype: str, batch: int, lengths: list[int], core: int) -> dict[str, Any]:
-    """In this process: ``backend``'s first and warm ``train_step`` per length (seconds) and, for jax, the split."""
+def measure(backend: str, preset: str, dtype: str, batch: int, lengths: list[int], core: int, how: str
+            ) -> dict[str, Any]:
+    """In this process: ``backend``'s first and warm ``train_step`` per length (seconds) and, for jax, the split;
+    ``how``: "retain" (``text.malloc``) or "default", glibc malloc's settings."""
     from spec.config import preset as make_config
-    from text import cli
+    from text import cli, malloc
 
+    kept = malloc.retain_freed_memory() if how == "retain" else {}  # before the framework's threads start
     impl = cli.load_backend(backend, threads=1, cores=[core])
     events = _listen_jax() if backend == "jax" else None
     config = make_config(preset, dtype=dtype)
@@ -51,7 +55,7 @@ def measure(backend: str, preset: str, dtype: str, batch: int, lengths: list[int
         warm = float(np.median([seconds for seconds, _ in warm]))
         rows.append({"length": n, "first_s": first, "warm_s": warm, "new_bucket_s": first - warm, **split})
     framework = sys.modules[{"torch": "torch", "jax": "jax", "tf": "tensorflow"}.get(backend, backend)]
-    return {"backend": backend, "version": getattr(framework, "__version__", "?"), "rows": rows}
+    return {"backend": backend, "version": getattr(framework, "__version__", "?"), "malloc": kept, "rows": rows}
 
 
 def _timed(impl: Any, model: Any, state: Any, batch: tuple, events: dict | None) -> tuple[float, dict]:
@@ -80,9 +84,11 @@ def _listen_jax() -> dict[str, float]:
 
 def report(runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """The markdown table of ``runs``: a row per backend and length."""
+    kept = "keeping freed memory (text.malloc)" if args.malloc == "retain" else "at its defaults"
     head = (f"# The first training step of a new shape bucket\n\n`python -m tools.first_step --preset {args.preset} "
-            f"--dtype {args.dtype} --batch {args.batch} --lengths {' '.join(map(str, args.lengths))}`: each backend "
-            f"in a fresh process, one core, one intra-op thread; seconds of `train_step` on a new (B, L) batch, its "
+            f"--dtype {args.dtype} --batch {args.batch} --lengths {' '.join(map(str, args.lengths))} --malloc "
+            f"{args.malloc}`: each backend in a fresh process, one core, one intra-op thread, glibc's malloc {kept}; "
+            f"seconds of `train_step` on a new (B, L) batch, its "
             f"first call and the median of the next {WARM} (warm). jax's split: jaxpr tracing, lowering to StableHLO, "
             "XLA compile.\n\n"
             "| backend | version | L | first (s) | warm (s) | new bucket (s) | trace (s) | lower (s) | compile (s) |\n"
@@ -104,11 +110,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--core", type=int, default=0, help="the CPU core every backend's process is pinned to")
+    p.add_argument("--malloc", default="retain", choices=("retain", "default"),
+                   help="glibc's malloc keeps freed memory (text.malloc), or its defaults")
     p.add_argument("--out", type=Path, default=Path("docs"))
     p.add_argument("--worker", help=argparse.SUPPRESS)  # one backend, in this process: its JSON on stdout
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(measure(args.worker, args.preset, args.dtype, args.batch, args.lengths, args.core)))
+        print(json.dumps(measure(args.worker, args.preset, args.dtype, args.batch, args.lengths, args.core,
+                                 args.malloc)))
         return
     runs = [_run_worker(b, args) for b in args.backends]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
 def _run_worker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     """``measure`` for ``backend`` in a fresh Python process."""
     cmd = [sys.executable, "-m", "tools.first_step", "--worker", backend, "--preset", args.preset, "--dtype",
-           args.dtype, "--batch", str(args.batch), "--core", str(args.core), "--lengths", *map(str, args.lengths)]
+           args.dtype, "--batch", str(args.batch), "--core", str(args.core), "--malloc", args.malloc, "--lengths",
+           *map(str, args.lengths)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

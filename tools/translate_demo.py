@@ -9,7 +9,8 @@ plot of dev BLEU against training minutes.
     python -m tools.translate_demo --minutes 2 --systems jax --parallel 1       # a quick look
 
 Each training runs in its own process, pinned to one core with one intra-op thread (``--parallel 2`` runs two
-at once on a 2-core machine, each on its own core), so the systems are timed alike.
+at once on a 2-core machine, each on its own core), with glibc's malloc keeping freed memory (``text.malloc``, the
+``train`` command's default), so the systems are timed alike.
 """
 
 from __future__ import annotations
@@ -142,7 +143,9 @@ def main(argv: list[str] | None = None) -> dict:
         train_all(systems, a.out, a.minutes, a.parallel, extra)
     result = {"minutes": a.minutes, "corpus": prepared.stats, "test": evaluate_all(systems, a.out, a.test_limit),
               "runs": {s: [json.loads(x) for x in (a.out / "runs" / s / "log.jsonl").read_text().splitlines()]
-                       for s in systems}}
+                       for s in systems},
+              "process": {s: {k: v for k, v in json.loads((a.out / "runs" / s / "run.json").read_text()).items()
+                              if k in ("threads", "cores", "malloc")} for s in systems}}
     if SAME_CHECKPOINT in systems:
         result["same_checkpoint"] = same_checkpoint(a.out, prepared, a.agreement_sentences)
         own = result["test"][SAME_CHECKPOINT]

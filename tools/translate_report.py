@@ -42,7 +42,20 @@ def table(result: dict) -> str:
     lines.append(f"| copy the source | | | | | | {base['copy_bleu']:.2f} | | {base['copy_length_ratio']:.2f} |")
     lines.append(f"| translation memory | | | | | | {base['memory_bleu']:.2f} | | {base['memory_length_ratio']:.2f} |")
     signature = next(iter(result["test"].values()))["averaged"]["signature"]
-    return "\n".join(lines) + f"\n\nsacreBLEU signature: `{signature}`\n"
+    return "\n".join(lines) + f"\n\n{process_line(result)}sacreBLEU signature: `{signature}`\n"
+
+
+def process_line(result: dict) -> str:
+    """How the training processes ran, where the runs recorded it: glibc malloc's settings (``text.malloc``)."""
+    kept = {name: p.get("malloc") for name, p in result.get("process", {}).items()}
+    if not kept:
+        return ""
+    if len({str(v) for v in kept.values()}) > 1:
+        each = "; ".join(f"{NAMES.get(n, n)} {v or 'defaults'}" for n, v in kept.items())
+        return f"The training processes' malloc settings differ: {each}.\n\n"
+    settings = next(iter(kept.values()))
+    what = ", ".join(f"{k} {v:,}" for k, v in settings.items()) if settings else "its defaults"
+    return f"Every training process: one core, one intra-op thread, glibc's malloc with {what} (`text.malloc`).\n\n"
 
 
 def examples(result: dict, prepared: data.Prepared, out: Path, n: int = 10) -> str:

@@ -1,9 +1,9 @@
 """glibc's malloc set to keep freed memory for reuse (``mallopt(3)``): the command line's ``train --malloc retain``.
 
-XLA's CPU runtime (jax, TensorFlow) allocates a program's buffers at every call, hundreds of MB for a training step,
-from its worker threads, and PyTorch's autograd frees and allocates its large temporaries every step. With glibc's
-defaults a block that large is mapped and unmapped each time (``mmap``), or lives in a heap of a thread's own arena
-that is created and released, so each step faults its pages in again, zeroed by the kernel. With nothing mapped,
+XLA's CPU runtime (jax, TensorFlow) allocates a program's buffers at every call, hundreds of MB for a training step
+(jax from its worker threads), and PyTorch's autograd frees and allocates its large temporaries every step. With
+glibc's defaults a block that large is mapped and unmapped each time (``mmap``), or lives in a heap of a thread's own
+arena that is created and released, so each step faults its pages in again, zeroed by the kernel. With nothing mapped,
 no heap trimmed below ``TRIM_THRESHOLD`` and every thread on the main arena, a step reuses the last one's pages.
 The measurements: docs/text.md, "Process settings".
 """

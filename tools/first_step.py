@@ -131,8 +131,10 @@ def _run_worker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "tools.first_step", "--worker", backend, "--preset", args.preset, "--dtype",
            args.dtype, "--batch", str(args.batch), "--core", str(args.core), "--malloc", args.malloc, "--lengths",
            *map(str, args.lengths)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"tools.first_step: {backend} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

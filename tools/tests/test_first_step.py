@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import platform
 
+import pytest
+
 from tools import first_step
 
 
@@ -21,3 +23,9 @@ def test_the_report_has_a_row_per_backend_and_length(tmp_path):
         assert row["new_bucket_s"] == row["first_s"] - row["warm_s"]
     table = (tmp_path / "first-step.md").read_text()
     assert "| torch |" in table and record["machine"]["cpu"] in table
+
+
+def test_a_worker_that_fails_is_reported_with_its_error(tmp_path):
+    with pytest.raises(SystemExit, match="(?s)tools.peer_torch failed .*heads are d_model / n_heads"):  # tiny's d_k
+        first_step.main(["--backends", "tools.peer_torch", "--preset", "tiny", "--lengths", "8",
+                         "--out", str(tmp_path)])

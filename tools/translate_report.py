@@ -46,8 +46,10 @@ def table(result: dict) -> str:
 
 
 def process_line(result: dict) -> str:
-    """How the training processes ran, where the runs recorded it: glibc malloc's settings (``text.malloc``)."""
-    kept = {name: p.get("malloc") for name, p in result.get("process", {}).items()}
+    """How the training processes ran, as their runs recorded it: intra-op threads and glibc malloc's settings
+    (``text.malloc``)."""
+    process = result.get("process", {})
+    kept = {name: p.get("malloc") for name, p in process.items()}
     if not kept:
         return ""
     if len({str(v) for v in kept.values()}) > 1:
@@ -55,7 +57,8 @@ def process_line(result: dict) -> str:
         return f"The training processes' malloc settings differ: {each}.\n\n"
     settings = next(iter(kept.values()))
     what = ", ".join(f"{k} {v:,}" for k, v in settings.items()) if settings else "its defaults"
-    return f"Every training process: one core, one intra-op thread, glibc's malloc with {what} (`text.malloc`).\n\n"
+    threads = ", ".join(sorted({str(p.get("threads")) for p in process.values()}))
+    return f"Every training process: {threads} intra-op thread(s), glibc's malloc with {what} (`text.malloc`).\n\n"
 
 
 def examples(result: dict, prepared: data.Prepared, out: Path, n: int = 10) -> str:

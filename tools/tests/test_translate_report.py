@@ -8,6 +8,7 @@ RETAIN = {"M_TRIM_THRESHOLD": 2147483647, "M_MMAP_MAX": 0, "M_ARENA_MAX": 1}
 def test_one_line_when_every_training_ran_alike():
     line = process_line({"process": {s: {"threads": 1, "malloc": RETAIN} for s in ("torch", "tf", "peer")}})
     assert "M_MMAP_MAX 0" in line and "M_TRIM_THRESHOLD 2,147,483,647" in line and "differ" not in line
+    assert "1 intra-op thread(s)" in line  # as recorded, not assumed
 
 
 def test_settings_that_differ_are_named_per_system():

@@ -15,9 +15,10 @@ The definitions are ``spec.training``'s, in TensorFlow's idiom:
   in float64 and rounded to fp32 (``adam_scalars``, ``adam_update``'s keyword ``scalars``); each parameter is
   updated in fp32 and rounded once to ``param_dtype``.
 
-The entry points are programs of the model (its ``compiled``), a train step one XLA program with the gradients,
-Adam and the variable assignments inside, compiled once per shape bucket: as the forward does, the batch and
-lengths are padded to ``spec.shapes`` buckets, the targets with ``pad_id``. Padded targets count neither in the
+The entry points are programs of the model (its ``compiled``). A train step runs two: the loss and gradients, the
+program ``loss_and_gradients`` runs when the model draws no dropout, compiled once per shape bucket, then Adam
+with the variable assignments inside, compiled once per config whatever the shape (a new bucket compiles only the
+first). As the forward does, the batch and lengths are padded to ``spec.shapes`` buckets, the targets with ``pad_id``. Padded targets count neither in the
 loss nor in its denominator and padded source keys get exactly zero weight, so loss and gradients are the batch's
 own (up to the order of fp32 sums). Not one shape-polymorphic trace: XLA compiles each shape anyway, and the
 gradient of a polymorphic trace's bf16 product (``numerics.matmul_f32``'s ``tf.cond`` on the row count) fails in
@@ -60,7 +61,7 @@ def train_step(model: Transformer, state: TrainState, src, tgt_in, tgt_out
         ValueError: as ``spec.api``, or if ``state`` was built for another model (parameter names or shapes).
     """
     check_state(model, state)
-    return _step(model, state, "train_step", *_batch(model, src, tgt_in, tgt_out))
+    return _step(model, state, "loss_and_gradients", *_batch(model, src, tgt_in, tgt_out))
 
 
 def lm_loss_and_gradients(model: LanguageModel, tokens, label_smoothing: float = 0.0, *, rng=None
@@ -73,7 +74,7 @@ def lm_loss_and_gradients(model: LanguageModel, tokens, label_smoothing: float =
 def lm_train_step(model: LanguageModel, state: TrainState, tokens) -> tuple[tf.Tensor, LanguageModel, TrainState]:
     """As ``train_step``, for next-token prediction on tokens (B, T)."""
     check_state(model, state)
-    return _step(model, state, "lm_train_step", *_lm_batch(model, tokens))
+    return _step(model, state, "lm_loss_and_gradients", *_lm_batch(model, tokens))
 
 
 def smoothed_loss(logits: tf.Tensor, tgt_out: tf.Tensor, label_smoothing: tf.Tensor, pad_id: int, *,
@@ -183,21 +184,27 @@ def _lm_batch(model: LanguageModel, tokens) -> tuple[tuple[int, int], tuple[tf.T
 
 
 def _gradients(model: Model, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...],
-               label_smoothing: float, rng=None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+               label_smoothing: float | tf.Tensor, rng=None) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     """The entry points' (loss, {canonical name: gradient}) of a padded ``batch`` (``_inputs_targets``), by the program
     ``name`` for its buckets ``size``; ``rng`` as ``LanguageModel.forward``'s."""
     seed = [] if rng is None else [stateless_seed(rng)]
     fn = lambda batch, *args: _loss_and_gradients(model, *_inputs_targets(model, batch), *args)  # noqa: E731
     loss, grads = compiled(model, name + (" with dropout" if seed else ""), fn, None, size, dropout=bool(seed))(
-        batch, tf.constant(label_smoothing, tf.float32), *seed)
+        batch, tf.convert_to_tensor(label_smoothing, tf.float32), *seed)
     return loss, dict(zip(model.params, grads, strict=True))
 
 
 def _step(model: Model, state: TrainState, name: str, size: tuple[int, ...], batch: tuple[tf.Tensor, ...]
           ) -> tuple[tf.Tensor, Model, TrainState]:
-    """The train steps' compiled step ``name`` on a padded ``batch`` (``_inputs_targets``) for its buckets ``size``."""
-    step = compiled(model, name, lambda *args: _train_step(model, *args), None, size, dropout=True)
-    loss = step(batch, state.rng.make_seeds(1)[:, 0], adam_scalars(model, state), state.m, state.v)
+    """A train step on a padded ``batch`` (``_inputs_targets``) for its buckets ``size``: the gradients by the
+    program of ``name`` (the loss and gradients entry point's own when the model draws no dropout), then Adam by a
+    program of the config, compiled once whatever the shape. The seed is drawn whether or not it is used, so the
+    generator's stream does not depend on the rate."""
+    seed, scalars = state.rng.make_seeds(1)[:, 0], adam_scalars(model, state)
+    loss, grads = _gradients(model, name, size, batch, scalars["label_smoothing"],
+                             seed if model.config.dropout > 0.0 else None)
+    update = lambda g, s, m, v: adam_update(model.params, g, TrainState(None, None, m, v, None), scalars=s)  # noqa: E731
+    compiled(model, "adam", update, None, (), dropout=False)(grads, scalars, state.m, state.v)
     state.step.assign_add(1)
     return loss, model, state
 
@@ -224,14 +231,3 @@ def _loss_and_gradients(model: Model, inputs: tuple[tf.Tensor, ...], tgt_out: tf
         loss = smoothed_loss(logits, tgt_out, label_smoothing, model.config.pad_id)      # () float32
     # The shared embedding's gradient sums dense (output projection) and sparse (lookups) parts: made dense.
     return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, list(model.params.values()))]
-
-
-def _train_step(model: Model, batch: tuple[tf.Tensor, ...], seed: tf.Tensor, scalars: dict[str, tf.Tensor],
-                m: dict[str, tf.Variable], v: dict[str, tf.Variable]) -> tf.Tensor:
-    """The compiled step on a padded ``batch`` (``_inputs_targets``): dropout from ``seed`` (2,) int64
-    (``layers.dropout``: each site its own draw); Adam on the moments ``m``, ``v`` with the step's ``scalars``;
-    -> loss () float32."""
-    loss, grads = _loss_and_gradients(model, *_inputs_targets(model, batch), scalars["label_smoothing"], seed)
-    adam_update(model.params, dict(zip(model.params, grads, strict=True)), TrainState(None, None, m, v, None),
-                scalars=scalars)
-    return loss

@@ -10,6 +10,7 @@ building a new model.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 
@@ -178,6 +179,21 @@ def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16,
 
 
 # ----------------------------------------------------------------- bad input
+
+def test_a_new_shape_compiles_only_the_gradients(model32, params32, caplog):
+    """A train step runs the loss and gradients program (``loss_and_gradients``' own, the model drawing no dropout)
+    and an Adam program of the config: a step at a shape whose gradients were computed compiles nothing."""
+    src, tgt_in, tgt_out = _batches(F32)[0]
+    state = impl_tf.init_train_state(model32, TC)
+    impl_tf.train_step(model32, state, src, tgt_in, tgt_out)                       # Adam compiled, at any shape
+    with caplog.at_level(logging.INFO, logger="impl_tf"):
+        impl_tf.loss_and_gradients(model32, src[:1], tgt_in[:1], tgt_out[:1])      # a new batch bucket
+        compiled = [r.getMessage() for r in caplog.records]
+        impl_tf.train_step(model32, state, src[:1], tgt_in[:1], tgt_out[:1])
+        assert [r.getMessage() for r in caplog.records] == compiled
+    assert compiled == ["impl_tf: compiling loss_and_gradients for shape (1, 16, 8)"]
+    _restore(model32, params32)
+
 
 def test_bad_batches_raise_before_computing(model32):
     src, tgt_in, tgt_out = _batches(F32)[0]

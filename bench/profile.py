@@ -74,8 +74,10 @@ def _jax_forward(args: argparse.Namespace, fw) -> tuple[str, object]:
 
 
 def _jax_train(args: argparse.Namespace, fw) -> tuple[str, object]:
-    """(name, lowered training step) at ``bench.memory``'s train subject (fp32 master weights): ours the program
-    ``impl_jax.train_step`` runs after its host checks (``impl_jax.train.train_step_program``), the peer's own jit."""
+    """(name, lowered training step) at ``bench.memory``'s train subject (fp32 master weights): ours the program of
+    the forward and backward ``impl_jax.train_step`` runs after its host checks
+    (``impl_jax.train.loss_and_gradients_program``; its Adam step is a program of its own), the peer's own jit."""
+    import jax
     import jax.numpy as jnp
 
     import impl_jax
@@ -89,7 +91,9 @@ def _jax_train(args: argparse.Namespace, fw) -> tuple[str, object]:
         peer = fw.peer_trainer(config, "cpu")
         return peer.name, peer.program.lower(*peer.state, *ids)
     model = fw.ours(config, bench_params(config), "cpu").model
-    return "impl_jax", train.train_step_program.lower(model, impl_jax.init_train_state(model), ids[:2], ids[2])
+    smoothing = jnp.asarray(impl_jax.init_train_state(model).train_config.label_smoothing, jnp.float32)
+    key = jax.random.key(0)  # the model draws dropout: the program train_step runs takes a key
+    return "impl_jax", train.loss_and_gradients_program.lower(model, ids[:2], ids[2], smoothing, key)
 
 
 def main(argv: list[str] | None = None) -> None:

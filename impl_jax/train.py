@@ -16,7 +16,9 @@ The definitions are ``spec.training``'s, as pure functions jitted once per shape
 Shapes: as the models' forward, the batch and the lengths are padded to buckets (``spec.shapes``), targets with
 ``pad_id``. Padded targets count neither in the loss nor in its denominator, and padded source keys get exactly zero
 weight, so loss and gradients are the batch's own (up to the order of fp32 sums) while a stream of batch shapes
-compiles a bounded number of programs, each logged once at INFO on the ``"impl_jax"`` logger.
+compiles a bounded number of programs, each logged once at INFO on the ``"impl_jax"`` logger. A train step runs two
+jitted programs: the loss and gradients (``loss_and_gradients``' own when the model draws no dropout), one per
+shape bucket, then Adam, one per config whatever the shape, so a new bucket compiles only the first.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def loss_and_gradients(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids, 
     """Evaluation mode: the label-smoothed loss and {canonical name: float32 gradient} (``spec.api``); for bf16
     parameters the gradients of their (exact) fp32 values."""
     *inputs, tgt_out = _batch(model, src, tgt_in, tgt_out)
-    loss, grads = _loss_and_gradients(without_dropout(model), tuple(inputs), tgt_out, jnp.asarray(label_smoothing, F32),
-                                      None)
+    loss, grads = loss_and_gradients_program(without_dropout(model), tuple(inputs), tgt_out,
+                                             jnp.asarray(label_smoothing, F32), None)
     return loss, canonical(grads)
 
 
@@ -62,8 +64,8 @@ def lm_loss_and_gradients(model: LanguageModel, tokens: Ids, label_smoothing: fl
     """Next-token prediction's loss and {canonical name: float32 gradient} (``spec.api``), as
     ``loss_and_gradients``; with a PRNG key ``rng``, with dropout drawn from it."""
     inputs, targets = _lm_batch(model, tokens)
-    loss, grads = _loss_and_gradients(model if rng is not None else without_dropout(model), (inputs,), targets,
-                                      jnp.asarray(label_smoothing, F32), rng)
+    loss, grads = loss_and_gradients_program(model if rng is not None else without_dropout(model), (inputs,),
+                                             targets, jnp.asarray(label_smoothing, F32), rng)
     return loss, canonical(grads)
 
 
@@ -129,16 +131,28 @@ def _lm_batch(model: LanguageModel, tokens: Ids) -> tuple[jax.Array, jax.Array]:
 
 def _step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array
           ) -> tuple[jax.Array, Module, TrainState]:
-    """``train_step`` of either model on its validated, bucketed inputs and targets."""
+    """``train_step`` of either model on its validated, bucketed inputs and targets: the gradients by
+    ``loss_and_gradients_program`` (``loss_and_gradients``' own program when the model draws no dropout), then
+    Adam by ``adam_program``, compiled once whatever the shape. The dropout key is split off whether or not it is
+    used, so the state's key does not depend on the rate."""
     check_state(model, state)
-    loss, model, new = train_step_program(model, state, inputs, tgt_out)
+    rng, key = jax.random.split(state.rng)
+    loss, grads = loss_and_gradients_program(model, inputs, tgt_out,
+                                             jnp.asarray(state.train_config.label_smoothing, F32),
+                                             key if model.config.dropout > 0.0 else None)
+    model, new = adam_program(model, grads, state)
     order = list(state.m)  # the jitted function's dicts come back in sorted key order
-    return loss, model, dataclasses.replace(new, m={n: new.m[n] for n in order}, v={n: new.v[n] for n in order})
+    return loss, model, dataclasses.replace(new, m={n: new.m[n] for n in order}, v={n: new.v[n] for n in order},
+                                            rng=rng)
 
 
 @numerics.jit
-def _loss_and_gradients(model: Module, inputs: tuple[jax.Array, ...], tgt_out: jax.Array, label_smoothing: jax.Array,
-                        rng: jax.Array | None) -> tuple[jax.Array, Module]:
+def loss_and_gradients_program(model: Module, inputs: tuple[jax.Array, ...], tgt_out: jax.Array,
+                               label_smoothing: jax.Array, rng: jax.Array | None) -> tuple[jax.Array, Module]:
+    """The jitted program of the entry points' loss and gradients after their checks (``.lower`` it to inspect it):
+    either model, its validated inputs on the buckets ((src (B, S), tgt_in (B, T)) or (tokens (B, T),)), targets
+    (B, T) int32, label smoothing () float32, a dropout key or None -> (loss () float32, fp32 gradients as a model
+    of the same structure)."""
     c = model.config
     log.info("impl_jax: compiling loss_and_gradients for batch %d, lengths %s (buckets)", tgt_out.shape[0],
              [x.shape[1] for x in inputs])
@@ -147,17 +161,10 @@ def _loss_and_gradients(model: Module, inputs: tuple[jax.Array, ...], tgt_out: j
 
 
 @numerics.jit
-def train_step_program(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_out: jax.Array
-                       ) -> tuple[jax.Array, Module, TrainState]:
-    """The jitted program ``train_step`` and ``lm_train_step`` run after their checks (``.lower`` it to inspect
-    it): either model, its state, its validated inputs on the buckets ((src (B, S), tgt_in (B, T)) or (tokens
-    (B, T),)) and targets (B, T) int32 -> (loss () float32 before the update, the new model, the new state)."""
-    c, tc = model.config, state.train_config
-    log.info("impl_jax: compiling train_step for batch %d, lengths %s (buckets)", tgt_out.shape[0],
-             [x.shape[1] for x in inputs])
-    rng, key = jax.random.split(state.rng)
-    loss, grads = jax.value_and_grad(
-        lambda m: smoothed_loss(m(*inputs, rng=key), tgt_out, tc.label_smoothing, c.pad_id))(
-        jax.tree.map(lambda p: p.astype(F32), model))  # fp32 master weights (exact): fp32 gradients
+def adam_program(model: Module, grads: Module, state: TrainState) -> tuple[Module, TrainState]:
+    """The jitted Adam step of ``train_step``: a model, its fp32 gradients (``loss_and_gradients_program``'s) and
+    its state -> (the updated model, the state with the new step and moments, the key unchanged); one program per
+    config and train config, whatever the batch's shape."""
+    log.info("impl_jax: compiling the Adam step of %s", type(model).__name__)
     params, state = adam_update(canonical(model), canonical(grads), state)
-    return loss, type(model)(c, params=params), dataclasses.replace(state, rng=rng)
+    return type(model)(model.config, params=params), state

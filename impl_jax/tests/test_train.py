@@ -7,6 +7,7 @@ dominates (each training program takes seconds on two cores).
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import jax
@@ -184,6 +185,20 @@ def _new_parameters(c) -> list[str]:
     paper = {s.name for s in spec.schema.param_specs(c.replace(attention_bias=False, logits_bias=False,
                                                                 positions="sinusoidal"))}
     return [s.name for s in spec.schema.param_specs(c) if s.name not in paper]
+
+
+def test_a_new_shape_compiles_only_the_gradients(caplog):
+    """A train step runs ``loss_and_gradients``' program (the model drawing no dropout) and an Adam program of the
+    config: a step at a shape whose gradients were computed compiles nothing."""
+    model = T.Transformer(F32, seed=0)
+    state = T.init_train_state(model, TC)
+    T.train_step(model, state, SRC, TGT_IN, TGT_OUT)                                  # Adam compiled, at any shape
+    with caplog.at_level(logging.INFO, logger="impl_jax"):
+        T.loss_and_gradients(model, SRC[:1], TGT_IN[:1], TGT_OUT[:1])                 # a new batch bucket
+        compiled = [r.getMessage() for r in caplog.records]
+        T.train_step(model, state, SRC[:1], TGT_IN[:1], TGT_OUT[:1])
+        assert [r.getMessage() for r in caplog.records] == compiled
+    assert compiled[0] == "impl_jax: compiling loss_and_gradients for batch 1, lengths [8, 8] (buckets)"
 
 
 def test_bad_input_raises_before_computing():

@@ -24,6 +24,7 @@ shape bucket, then Adam, one per config whatever the shape, so a new bucket comp
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -160,7 +161,7 @@ def loss_and_gradients_program(model: Module, inputs: tuple[jax.Array, ...], tgt
         jax.tree.map(lambda p: p.astype(F32), model))  # fp32 master weights (exact): fp32 gradients
 
 
-@numerics.jit
+@functools.partial(numerics.jit, donate_argnums=1)  # the gradients' buffers are free to hold the new moments
 def adam_program(model: Module, grads: Module, state: TrainState) -> tuple[Module, TrainState]:
     """The jitted Adam step of ``train_step``: a model, its fp32 gradients (``loss_and_gradients_program``'s) and
     its state -> (the updated model, the state with the new step and moments, the key unchanged); one program per

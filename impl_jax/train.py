@@ -101,6 +101,30 @@ def adam_update(params: dict[str, jax.Array], grads: dict[str, jax.Array], state
     return new, dataclasses.replace(state, step=adam_state.count, m=adam_state.mu, v=adam_state.nu)
 
 
+@numerics.jit
+def loss_and_gradients_program(model: Module, inputs: tuple[jax.Array, ...], tgt_out: jax.Array,
+                               label_smoothing: jax.Array, rng: jax.Array | None) -> tuple[jax.Array, Module]:
+    """The jitted program of the entry points' loss and gradients after their checks (``.lower`` it to inspect it):
+    either model, its validated inputs on the buckets ((src (B, S), tgt_in (B, T)) or (tokens (B, T),)), targets
+    (B, T) int32, label smoothing () float32, a dropout key or None -> (loss () float32, fp32 gradients as a model
+    of the same structure)."""
+    c = model.config
+    log.info("impl_jax: compiling loss_and_gradients for batch %d, lengths %s (buckets)", tgt_out.shape[0],
+             [x.shape[1] for x in inputs])
+    return jax.value_and_grad(lambda m: smoothed_loss(m(*inputs, rng=rng), tgt_out, label_smoothing, c.pad_id))(
+        jax.tree.map(lambda p: p.astype(F32), model))  # fp32 master weights (exact): fp32 gradients
+
+
+@functools.partial(numerics.jit, donate_argnums=1)  # the gradients' buffers are free to hold the new moments
+def adam_program(model: Module, grads: Module, state: TrainState) -> tuple[Module, TrainState]:
+    """The jitted Adam step of ``train_step``: a model, its fp32 gradients (``loss_and_gradients_program``'s) and
+    its state -> (the updated model, the state with the new step and moments, the key unchanged); one program per
+    config and train config, whatever the batch's shape."""
+    log.info("impl_jax: compiling the Adam step of %s", type(model).__name__)
+    params, state = adam_update(canonical(model), canonical(grads), state)
+    return type(model)(model.config, params=params), state
+
+
 # ----------------------------------------------------------------- internals
 
 def _batch(model: Transformer, src: Ids, tgt_in: Ids, tgt_out: Ids) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -145,27 +169,3 @@ def _step(model: Module, state: TrainState, inputs: tuple[jax.Array, ...], tgt_o
     order = list(state.m)  # the jitted function's dicts come back in sorted key order
     return loss, model, dataclasses.replace(new, m={n: new.m[n] for n in order}, v={n: new.v[n] for n in order},
                                             rng=rng)
-
-
-@numerics.jit
-def loss_and_gradients_program(model: Module, inputs: tuple[jax.Array, ...], tgt_out: jax.Array,
-                               label_smoothing: jax.Array, rng: jax.Array | None) -> tuple[jax.Array, Module]:
-    """The jitted program of the entry points' loss and gradients after their checks (``.lower`` it to inspect it):
-    either model, its validated inputs on the buckets ((src (B, S), tgt_in (B, T)) or (tokens (B, T),)), targets
-    (B, T) int32, label smoothing () float32, a dropout key or None -> (loss () float32, fp32 gradients as a model
-    of the same structure)."""
-    c = model.config
-    log.info("impl_jax: compiling loss_and_gradients for batch %d, lengths %s (buckets)", tgt_out.shape[0],
-             [x.shape[1] for x in inputs])
-    return jax.value_and_grad(lambda m: smoothed_loss(m(*inputs, rng=rng), tgt_out, label_smoothing, c.pad_id))(
-        jax.tree.map(lambda p: p.astype(F32), model))  # fp32 master weights (exact): fp32 gradients
-
-
-@functools.partial(numerics.jit, donate_argnums=1)  # the gradients' buffers are free to hold the new moments
-def adam_program(model: Module, grads: Module, state: TrainState) -> tuple[Module, TrainState]:
-    """The jitted Adam step of ``train_step``: a model, its fp32 gradients (``loss_and_gradients_program``'s) and
-    its state -> (the updated model, the state with the new step and moments, the key unchanged); one program per
-    config and train config, whatever the batch's shape."""
-    log.info("impl_jax: compiling the Adam step of %s", type(model).__name__)
-    params, state = adam_update(canonical(model), canonical(grads), state)
-    return type(model)(model.config, params=params), state

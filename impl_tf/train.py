@@ -16,15 +16,15 @@ The definitions are ``spec.training``'s, in TensorFlow's idiom:
   updated in fp32 and rounded once to ``param_dtype``.
 
 The entry points are programs of the model (its ``compiled``). A train step runs two: the loss and gradients, the
-program ``loss_and_gradients`` runs when the model draws no dropout, compiled once per shape bucket, then Adam
-with the variable assignments inside, compiled once per config whatever the shape (a new bucket compiles only the
-first). As the forward does, the batch and lengths are padded to ``spec.shapes`` buckets, the targets with ``pad_id``. Padded targets count neither in the
-loss nor in its denominator and padded source keys get exactly zero weight, so loss and gradients are the batch's
-own (up to the order of fp32 sums). Not one shape-polymorphic trace: XLA compiles each shape anyway, and the
-gradient of a polymorphic trace's bf16 product (``numerics.matmul_f32``'s ``tf.cond`` on the row count) fails in
-XLA's dynamic padder for a one-row batch. ``mirrored_step`` is ``impl_tf.train_dp``'s step, the same loss, gradients
-and Adam on the replicas of a ``tf.distribute`` strategy. The ``TrainState`` and its file are
-``impl_tf.train_state``'s.
+program ``loss_and_gradients`` runs when the model draws no dropout, compiled once per shape bucket, then Adam with
+the variable assignments inside, compiled once per config whatever the shape (a new bucket compiles only the first).
+As the forward does, the batch and lengths are padded to ``spec.shapes`` buckets, the targets with ``pad_id``.
+Padded targets count neither in the loss nor in its denominator and padded source keys get exactly zero weight, so
+loss and gradients are the batch's own (up to the order of fp32 sums). Not one shape-polymorphic trace: XLA compiles
+each shape anyway, and the gradient of a polymorphic trace's bf16 product (``numerics.matmul_f32``'s ``tf.cond`` on
+the row count) fails in XLA's dynamic padder for a one-row batch. ``mirrored_step`` is ``impl_tf.train_dp``'s step,
+the same loss, gradients and Adam on the replicas of a ``tf.distribute`` strategy. The ``TrainState`` and its file
+are ``impl_tf.train_state``'s.
 """
 
 from __future__ import annotations
@@ -203,7 +203,8 @@ def _step(model: Model, state: TrainState, name: str, size: tuple[int, ...], bat
     seed, scalars = state.rng.make_seeds(1)[:, 0], adam_scalars(model, state)
     loss, grads = _gradients(model, name, size, batch, scalars["label_smoothing"],
                              seed if model.config.dropout > 0.0 else None)
-    update = lambda g, s, m, v: adam_update(model.params, g, TrainState(None, None, m, v, None), scalars=s)  # noqa: E731
+    update = lambda g, s, m, v: adam_update(  # noqa: E731
+        model.params, g, TrainState(None, None, m, v, None), scalars=s)
     compiled(model, "adam", update, None, (), dropout=False)(grads, scalars, state.m, state.v)
     state.step.assign_add(1)
     return loss, model, state

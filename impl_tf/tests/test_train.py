@@ -178,8 +178,6 @@ def test_a_model_that_decoded_and_trained_still_lists_its_parameters(model_bf16,
     _restore(model_bf16, params_bf16)
 
 
-# ----------------------------------------------------------------- bad input
-
 def test_a_new_shape_compiles_only_the_gradients(model32, params32, caplog):
     """A train step runs the loss and gradients program (``loss_and_gradients``' own, the model drawing no dropout)
     and an Adam program of the config: a step at a shape whose gradients were computed compiles nothing."""
@@ -194,6 +192,8 @@ def test_a_new_shape_compiles_only_the_gradients(model32, params32, caplog):
     assert compiled == ["impl_tf: compiling loss_and_gradients for shape (1, 16, 8)"]
     _restore(model32, params32)
 
+
+# ----------------------------------------------------------------- bad input
 
 def test_bad_batches_raise_before_computing(model32):
     src, tgt_in, tgt_out = _batches(F32)[0]
